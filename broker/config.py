@@ -1,0 +1,279 @@
+"""Broker configuration: a TOML file, validated in full before anything uses it.
+
+Every error names the key and the reason, so a refused reload says exactly what is wrong.
+Keys and defaults are a contract documented in README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from typing import Any
+
+from policies.base import TierInfo
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and the reason."""
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Bytes from an int or a string such as "16GiB", "512MB", "4096"."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        number, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise ConfigError(f"{key}: expected a size such as 16GiB or 4096, got {value!r}")
+    if unit not in _UNITS:
+        raise ConfigError(f"{key}: unknown size unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    size = int(number * _UNITS[unit])
+    if size < 0:
+        raise ConfigError(f"{key}: must be >= 0, got {value!r}")
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class TierConfig:
+    name: str
+    capacity_bytes: int
+    read_latency_us: float
+    bandwidth_gb_per_s: float
+    high_watermark: float = 0.95
+    low_watermark: float = 0.90
+
+    @property
+    def bandwidth_bytes_per_us(self) -> float:
+        return self.bandwidth_gb_per_s * 1000.0
+
+    def info(self, index: int) -> TierInfo:
+        return TierInfo(index, self.name, self.capacity_bytes, self.read_latency_us, self.bandwidth_bytes_per_us)
+
+
+DEFAULT_TIERS = (
+    TierConfig("hbm", 16 * 2**30, read_latency_us=0.0, bandwidth_gb_per_s=2000.0),
+    TierConfig("dram", 64 * 2**30, read_latency_us=2.0, bandwidth_gb_per_s=25.0),
+    TierConfig("nvme", 1024 * 2**30, read_latency_us=80.0, bandwidth_gb_per_s=6.0),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "lru"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalConfig:
+    # file://PATH, redis://HOST:PORT/DB or "none".
+    url: str = "file://kvbroker.journal"
+    # Redis stream key; "{id}" is replaced by broker.id.
+    stream: str = "kvbroker:{id}:journal"
+    # Redis retention: approximate MAXLEN of the stream.
+    maxlen: int = 10_000_000
+    # Also journal the directives sent, so replay can verify itself.
+    directives: bool = True
+    # File journal: fsync after each written group of records.
+    fsync: bool = False
+    # Records written per pipeline / write call at most.
+    max_group: int = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreConfig:
+    """The part of the config the deterministic core depends on."""
+
+    tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    # A block is prefetched when its deadline is within transfer time plus this margin.
+    prefetch_margin_us: int = 500
+    # Outstanding (unacknowledged) directives remembered for acks; the oldest are forgotten.
+    max_outstanding_directives: int = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: str = "kvbroker"
+    listen: str = "127.0.0.1:50051"
+    core: CoreConfig = dataclasses.field(default_factory=CoreConfig)
+    journal: JournalConfig = dataclasses.field(default_factory=JournalConfig)
+
+    def stream_key(self) -> str:
+        return self.journal.stream.replace("{id}", self.broker_id)
+
+
+def core_to_json(core: CoreConfig) -> str:
+    """The core config as JSON, as journaled in CONFIG records."""
+    return json.dumps(dataclasses.asdict(core), sort_keys=True)
+
+
+def core_from_json(text: str) -> CoreConfig:
+    """Inverse of ``core_to_json``."""
+    try:
+        data = json.loads(text)
+        tiers = tuple(TierConfig(**t) for t in data.pop("tiers"))
+        policy = PolicyConfig(**data.pop("policy"))
+        return CoreConfig(tiers=tiers, policy=policy, **data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"journaled config is not readable: {exc}") from exc
+
+
+def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = table.pop(key, default)
+    if value is default:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}{key}: expected {name}, got {value!r}")
+    return value
+
+
+def _no_extra(table: dict[str, Any], where: str) -> None:
+    if table:
+        raise ConfigError(f"unknown key(s) {', '.join(where + k for k in sorted(table))}")
+
+
+def _table(root: dict[str, Any], key: str) -> dict[str, Any]:
+    value = root.pop(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {value!r}")
+    return dict(value)
+
+
+def _tier(raw: Any, i: int) -> TierConfig:
+    where = f"tiers[{i}]."
+    if not isinstance(raw, dict):
+        raise ConfigError(f"tiers[{i}]: expected a table")
+    t = dict(raw)
+    name = _take(t, "name", where, str, None)
+    if not name:
+        raise ConfigError(f"{where}name: required, a non-empty string")
+    if "capacity" not in t:
+        raise ConfigError(f"{where}capacity: required (bytes, or a size such as 16GiB)")
+    capacity = parse_size(t.pop("capacity"), where + "capacity")
+    latency = _take(t, "read_latency_us", where, float, 0.0)
+    bandwidth = _take(t, "bandwidth_gb_per_s", where, float, 25.0)
+    high = _take(t, "high_watermark", where, float, 0.95)
+    low = _take(t, "low_watermark", where, float, 0.90)
+    _no_extra(t, where)
+    if latency < 0:
+        raise ConfigError(f"{where}read_latency_us: must be >= 0, got {latency}")
+    if bandwidth <= 0:
+        raise ConfigError(f"{where}bandwidth_gb_per_s: must be > 0, got {bandwidth}")
+    if not 0 < high <= 1:
+        raise ConfigError(f"{where}high_watermark: must be in (0, 1], got {high}")
+    if not 0 < low <= high:
+        raise ConfigError(f"{where}low_watermark: must be in (0, high_watermark={high}], got {low}")
+    return TierConfig(name, capacity, latency, bandwidth, high, low)
+
+
+def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
+    """Validate a parsed TOML document and build the config; unknown keys are errors."""
+    root = dict(data)
+    broker = _table(root, "broker")
+    broker_id = _take(broker, "id", "broker.", str, "kvbroker")
+    listen = _take(broker, "listen", "broker.", str, "127.0.0.1:50051")
+    _no_extra(broker, "broker.")
+    if not broker_id:
+        raise ConfigError("broker.id: must be non-empty")
+
+    raw_tiers = root.pop("tiers", None)
+    tiers: tuple[TierConfig, ...]
+    if raw_tiers is None:
+        tiers = DEFAULT_TIERS
+    else:
+        if not isinstance(raw_tiers, list) or not raw_tiers:
+            raise ConfigError("tiers: expected a non-empty array of tables ([[tiers]])")
+        tiers = tuple(_tier(t, i) for i, t in enumerate(raw_tiers))
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tiers: names must be unique, got {names}")
+
+    pol = _table(root, "policy")
+    policy_name = _take(pol, "name", "policy.", str, "lru")
+    params = _take(pol, "params", "policy.", dict, {})
+    _no_extra(pol, "policy.")
+
+    pre = _table(root, "prefetch")
+    margin = _take(pre, "margin_us", "prefetch.", int, 500)
+    _no_extra(pre, "prefetch.")
+    if margin < 0:
+        raise ConfigError(f"prefetch.margin_us: must be >= 0, got {margin}")
+
+    jr = _table(root, "journal")
+    journal = JournalConfig(
+        url=_take(jr, "url", "journal.", str, JournalConfig.url),
+        stream=_take(jr, "stream", "journal.", str, JournalConfig.stream),
+        maxlen=_take(jr, "maxlen", "journal.", int, JournalConfig.maxlen),
+        directives=_take(jr, "directives", "journal.", bool, JournalConfig.directives),
+        fsync=_take(jr, "fsync", "journal.", bool, JournalConfig.fsync),
+        max_group=_take(jr, "max_group", "journal.", int, JournalConfig.max_group),
+    )
+    _no_extra(jr, "journal.")
+    if journal.maxlen <= 0:
+        raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")
+    if journal.max_group <= 0:
+        raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
+    _no_extra(root, "")
+
+    core = CoreConfig(tiers=tiers, policy=PolicyConfig(policy_name, dict(params)), prefetch_margin_us=margin)
+    config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal)
+    validate_policy(core)
+    return config
+
+
+def validate_policy(core: CoreConfig) -> None:
+    """Resolve the policy and its parameters now, so a bad one is refused before use."""
+    from policies.base import PolicyError
+    from policies.registry import make_params, policy_class
+
+    try:
+        cls = policy_class(core.policy.name)
+    except PolicyError as exc:
+        raise ConfigError(f"policy.name: {exc}") from exc
+    try:
+        make_params(cls, core.policy.params)
+    except PolicyError as exc:
+        raise ConfigError(f"policy.params: {exc}") from exc
+
+
+def parse_config(text: str) -> BrokerConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML: {exc}") from exc
+    return config_from_dict(data)
+
+
+def load_config(path: str | None) -> BrokerConfig:
+    """Load a config file, or the defaults when ``path`` is None."""
+    if path is None:
+        return BrokerConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    return parse_config(text)

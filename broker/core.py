@@ -1,0 +1,503 @@
+"""The deterministic core: residency of every block across tiers, pins, capacity,
+the demotion cascade, prefetch, directives and their acks.
+
+The live broker and replay run this same code. It is a pure function of
+(config, ordered event stream): time comes only from event timestamps (``clock``), never
+from the wall clock, and nothing is random. It knows no protobuf; ``broker.apply``
+translates events into the calls below.
+
+Every operation either raises ``EventError`` before changing anything, or completes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from enum import IntEnum
+
+from broker.config import CoreConfig
+from broker.stats import CoreStats
+from policies.base import DROPPED, Block, Clock, Policy, PolicyContext, PolicyError, TierInfo
+from policies.registry import make_params, policy_class
+
+
+class DirectiveKind(IntEnum):
+    """Numbers equal kvbroker.v1.DirectiveKind."""
+
+    EVICT = 1
+    DEMOTE = 2
+    PROMOTE = 3
+    PREFETCH = 4
+
+
+class EventError(Exception):
+    """An event cannot be applied; names the field and the reason. Nothing was changed."""
+
+    def __init__(self, field: str, reason: str, code: str = "INVALID_ARGUMENT") -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+        self.code = code
+
+
+@dataclasses.dataclass(slots=True)
+class Directive:
+    directive_id: int
+    kind: DirectiveKind
+    block_id: str
+    from_tier: str
+    to_tier: str
+    policy: str
+    score: float
+    reason: str
+    arrive_by_us: int
+    size: int
+    generation: int
+
+    def key(self) -> tuple[object, ...]:
+        """Everything that identifies what was decided; equal keys mean equal directives."""
+        return (
+            self.directive_id,
+            int(self.kind),
+            self.block_id,
+            self.from_tier,
+            self.to_tier,
+            self.policy,
+            self.score,
+            self.reason,
+            self.arrive_by_us,
+            self.size,
+        )
+
+
+class TierState:
+    """One tier at run time: its limits, what it holds, and its policy instance."""
+
+    __slots__ = ("blocks", "capacity", "high_bytes", "index", "info", "low_bytes", "name", "pinned_bytes", "policy", "used")
+
+    def __init__(self, info: TierInfo, high: float, low: float, policy: Policy) -> None:
+        self.info = info
+        self.index = info.index
+        self.name = info.name
+        self.capacity = info.capacity_bytes
+        self.high_bytes = int(info.capacity_bytes * high)
+        self.low_bytes = int(info.capacity_bytes * low)
+        self.used = 0
+        self.blocks = 0
+        self.pinned_bytes = 0
+        self.policy = policy
+
+
+class Core:
+    """Residency state plus one policy instance per tier."""
+
+    def __init__(self, config: CoreConfig, *, generation: int = 1, allow_offline: bool = False) -> None:
+        self.config = config
+        self.generation = generation
+        self.clock = Clock()
+        cls = policy_class(config.policy.name)
+        if cls.offline and not allow_offline:
+            raise PolicyError(f"policy {cls.name} needs the future of the stream: it runs in replay only, not live")
+        params = make_params(cls, config.policy.params)
+        self.policy_name = cls.name or config.policy.name
+        infos = tuple(t.info(i) for i, t in enumerate(config.tiers))
+        self.tiers = [
+            TierState(info, t.high_watermark, t.low_watermark, cls(PolicyContext(info, infos, self.clock), params))
+            for info, t in zip(infos, config.tiers, strict=True)
+        ]
+        self.tier_index = {t.name: t.index for t in self.tiers}
+        self.blocks: dict[str, Block] = {}
+        self.by_request: dict[str, set[str]] = {}
+        self.client_seq: dict[str, int] = {}
+        self.stats = CoreStats(len(self.tiers))
+        # Directives decided but not yet acknowledged: id -> block id.
+        self.outstanding: dict[int, str] = {}
+        self._next_directive = 1
+        self._out: list[Directive] = []
+        # Prefetch: (latest start time, tiebreak, version, block id); stale entries skipped.
+        self._prefetch_heap: list[tuple[float, int, int, str]] = []
+        self._heap_seq = 0
+        top = self.tiers[0].policy
+        self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
+
+    # ---- time and directives -------------------------------------------------------------
+
+    def advance(self, ts_us: int) -> None:
+        """Move event time forward; time never goes back (clients' clocks may interleave)."""
+        if ts_us > self.clock.now_us:
+            self.clock.now_us = ts_us
+
+    def take_directives(self) -> list[Directive]:
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, kind: DirectiveKind, block: Block, src: int, dst: int, score: float, reason: str, arrive_by: int = 0) -> None:
+        did = self._next_directive
+        self._next_directive += 1
+        self._out.append(
+            Directive(
+                did,
+                kind,
+                block.block_id,
+                self.tiers[src].name if src >= 0 else "",
+                self.tiers[dst].name if dst >= 0 else "",
+                self.policy_name,
+                score,
+                reason,
+                arrive_by,
+                block.size,
+                self.generation,
+            )
+        )
+        self.stats.directives[kind.name.lower()] += 1
+        outstanding = self.outstanding
+        outstanding[did] = block.block_id
+        if len(outstanding) > self.config.max_outstanding_directives:
+            del outstanding[next(iter(outstanding))]
+
+    # ---- tier membership -----------------------------------------------------------------
+
+    def _attach(self, block: Block, t: int) -> None:
+        """Place a block in tier t (room already made)."""
+        tier = self.tiers[t]
+        block.tier = t
+        tier.used += block.size
+        tier.blocks += 1
+        if block.pinned:
+            tier.pinned_bytes += block.size
+        else:
+            tier.policy.insert(block)
+        if self._prefetching and block.deadline_us is not None and t > 0:
+            self._push_prefetch(block)
+
+    def _detach(self, block: Block, *, as_victim: bool = False) -> None:
+        """Take a block out of its tier's accounting and policy."""
+        t = block.tier
+        if t == DROPPED:
+            return
+        tier = self.tiers[t]
+        tier.used -= block.size
+        tier.blocks -= 1
+        if block.pinned:
+            tier.pinned_bytes -= block.size
+        elif as_victim:
+            tier.policy.evicted(block)
+        else:
+            tier.policy.remove(block)
+        block.tier = DROPPED
+
+    def _make_room(
+        self,
+        t: int,
+        incoming: int,
+        protected: AbstractSet[str],
+        admit: Callable[[list[Block]], bool] | None = None,
+    ) -> bool:
+        """Make tier t able to take ``incoming`` more bytes, evicting per its policy.
+
+        Over the high watermark, victims are taken until the tier is under the low one; if
+        the policy cannot find that much, just enough to fit. Atomic: either the room is made
+        (and ``admit``, when given, accepted the victims) or nothing changes.
+        """
+        tier = self.tiers[t]
+        after = tier.used + incoming
+        if after <= tier.high_bytes:
+            return True
+        victims = tier.policy.choose_victims(after - tier.low_bytes, protected)
+        if victims is None:
+            need = after - tier.capacity
+            if need <= 0:
+                return True
+            victims = tier.policy.choose_victims(need, protected)
+            if victims is None:
+                return False
+        if admit is not None and not admit(victims):
+            return False
+        for victim in victims:
+            self._displace(victim, t, protected)
+        return True
+
+    def _displace(self, victim: Block, t: int, protected: AbstractSet[str]) -> None:
+        """A victim leaves tier t: demoted to the next lower tier that can take it, else dropped.
+
+        ``protected`` stays protected down the cascade, so a block being moved up is never
+        pushed out of the tier it is leaving by the blocks coming down.
+        """
+        score = self.tiers[t].policy.score(victim)
+        self._detach(victim, as_victim=True)
+        for d in range(t + 1, len(self.tiers)):
+            if victim.allowed_in(d) and self._make_room(d, victim.size, protected):
+                self._attach(victim, d)
+                self.stats.demotions += 1
+                self.stats.bytes_down += victim.size
+                self._emit(DirectiveKind.DEMOTE, victim, t, d, score, "over high watermark")
+                return
+        self.stats.evictions += 1
+        self._emit(DirectiveKind.EVICT, victim, t, DROPPED, score, "over high watermark; no lower tier")
+
+    def _move(self, block: Block, t: int, protected: AbstractSet[str]) -> bool:
+        """Move a block into tier t if room can be made there; True if moved."""
+        if not self._make_room(t, block.size, protected):
+            return False
+        self._detach(block)
+        self._attach(block, t)
+        return True
+
+    def _top_allowed(self, block: Block) -> int:
+        for t in range(len(self.tiers)):
+            if block.allowed_in(t):
+                return t
+        return DROPPED
+
+    # ---- events --------------------------------------------------------------------------
+
+    def known(self, block_id: str, field: str) -> Block:
+        block = self.blocks.get(block_id)
+        if block is None:
+            raise EventError(field, f"unknown block {block_id!r}", "FAILED_PRECONDITION")
+        return block
+
+    def resolve_tier(self, name: str, field: str, *, empty: int = 0) -> int:
+        if not name:
+            return empty
+        t = self.tier_index.get(name)
+        if t is None:
+            raise EventError(field, f"unknown tier {name!r} (tiers: {', '.join(self.tier_index)})")
+        return t
+
+    def allocate(self, block: Block, t: int) -> None:
+        """A new block in tier t, or a released cached block taken again (prefix reuse)."""
+        existing = self.blocks.get(block.block_id)
+        if existing is not None:
+            if not existing.released:
+                raise EventError(
+                    "allocated.intent.block_id",
+                    f"block {block.block_id!r} is already allocated (release or free it first)",
+                    "ALREADY_EXISTS",
+                )
+            self._reuse(existing, block)
+            return
+        if not block.allowed_in(t):
+            raise EventError("allocated.tier", f"tier {self.tiers[t].name!r} is not in the block's allowed_tiers")
+        if not self._make_room(t, block.size, {block.block_id}):
+            tier = self.tiers[t]
+            raise EventError(
+                "allocated.tier",
+                f"tier {tier.name!r} is full: {tier.used} of {tier.capacity} bytes used, "
+                f"{tier.pinned_bytes} pinned, nothing evictable for {block.size} more",
+                "RESOURCE_EXHAUSTED",
+            )
+        block.created_us = block.last_access_us = self.clock.now_us
+        self.blocks[block.block_id] = block
+        if block.request_id:
+            self.by_request.setdefault(block.request_id, set()).add(block.block_id)
+        self._attach(block, t)
+        self.stats.allocated_bytes += block.size
+
+    def _reuse(self, block: Block, intent: Block) -> None:
+        """Prefix reuse: a cached block gets a new owner and intent, and counts as an access."""
+        was_pinned = block.pinned
+        if block.request_id != intent.request_id:
+            self._unindex_request(block)
+            if intent.request_id:
+                self.by_request.setdefault(intent.request_id, set()).add(block.block_id)
+        for name in _INTENT_FIELDS:
+            setattr(block, name, getattr(intent, name))
+        block.released = False
+        self._repin(block, was_pinned)
+        self.stats.reuses += 1
+        self._touch(block, {block.block_id})
+        if self._prefetching and block.deadline_us is not None and block.tier > 0:
+            self._push_prefetch(block)
+
+    def access(self, blocks: list[Block]) -> None:
+        """A step read these blocks: each must be in its top allowed tier to be used."""
+        protected = {b.block_id for b in blocks}
+        for block in blocks:
+            self._touch(block, protected)
+
+    def _touch(self, block: Block, protected: AbstractSet[str]) -> None:
+        stats = self.stats
+        now = self.clock.now_us
+        block.accesses += 1
+        block.last_access_us = now
+        src = block.tier
+        stats.accesses_by_tier[src] += 1
+        critical = block.priority == _DECODE_CRITICAL
+        if critical:
+            stats.dc_accesses += 1
+        top = self._top_allowed(block)
+        if src == top:
+            if not block.pinned:
+                self.tiers[src].policy.access(block)
+            return
+        if critical:
+            stats.dc_misses += 1
+        # The engine had to bring the block up to use it: a reload, or a recompute if dropped.
+        for t in range(top, len(self.tiers) if src == DROPPED else src):
+            if block.allowed_in(t) and self._move(block, t, protected):
+                if src == DROPPED:
+                    stats.recomputes += 1
+                else:
+                    stats.bytes_up += block.size
+                return
+        if src != DROPPED and not block.pinned:
+            self.tiers[src].policy.access(block)
+
+    def update(self, block: Block, apply: Callable[[Block], None]) -> None:
+        """Intent changed: ``apply`` sets the new fields; pins and policy order follow."""
+        was_pinned = block.pinned
+        old_deadline = block.deadline_us
+        apply(block)
+        if not self._repin(block, was_pinned) and block.tier != DROPPED and not block.pinned:
+            self.tiers[block.tier].policy.update(block)
+        if self._prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
+            self._push_prefetch(block)
+
+    def _repin(self, block: Block, was_pinned: bool) -> bool:
+        """Follow a pin change in the tier's accounting; True if the pin state changed."""
+        now_pinned = block.pinned
+        if now_pinned == was_pinned:
+            return False
+        if block.tier != DROPPED:
+            tier = self.tiers[block.tier]
+            if now_pinned:
+                tier.policy.remove(block)
+                tier.pinned_bytes += block.size
+            else:
+                tier.pinned_bytes -= block.size
+                tier.policy.insert(block)
+        return True
+
+    def release(self, blocks: list[Block]) -> None:
+        """References dropped: blocks stay cached, unpinned and evictable."""
+        for block in blocks:
+            if block.released:
+                continue
+            was_pinned = block.pinned
+            block.released = True
+            if not self._repin(block, was_pinned) and block.tier != DROPPED:
+                self.tiers[block.tier].policy.update(block)
+
+    def free(self, blocks: list[Block]) -> None:
+        """Blocks are gone; their bytes are free."""
+        for block in blocks:
+            if self.blocks.pop(block.block_id, None) is None:
+                continue  # listed twice in one event
+            self._detach(block)
+            self._unindex_request(block)
+            block.heap_version += 1
+
+    def clear(self, owner: str) -> None:
+        """The client dropped every block it had (engine restart)."""
+        mine = [b for b in self.blocks.values() if b.owner == owner]
+        self.free(mine)
+
+    def ack(self, directive_id: int, done: bool, actual: int) -> None:
+        """A directive was carried out, or failed with the block really in tier ``actual``."""
+        block_id = self.outstanding.pop(directive_id, None)
+        if block_id is None:
+            raise EventError("acked.directive_id", f"unknown or already acknowledged directive {directive_id}", "FAILED_PRECONDITION")
+        if done:
+            self.stats.acks_done += 1
+            return
+        self.stats.acks_failed += 1
+        block = self.blocks.get(block_id)
+        if block is None or block.tier == actual:
+            return
+        # The client is the truth: put the model back where the block really is.
+        self._detach(block)
+        if actual != DROPPED:
+            if not self._make_room(actual, block.size, {block_id}):
+                self.stats.overcommits += 1
+            self._attach(block, actual)
+
+    def _unindex_request(self, block: Block) -> None:
+        ids = self.by_request.get(block.request_id)
+        if ids is not None:
+            ids.discard(block.block_id)
+            if not ids:
+                del self.by_request[block.request_id]
+
+    # ---- prefetch ------------------------------------------------------------------------
+
+    def _push_prefetch(self, block: Block) -> None:
+        """Index the block by the latest time a transfer to the top tier can start."""
+        assert block.deadline_us is not None
+        block.heap_version += 1
+        start = block.deadline_us - self.tiers[block.tier].info.transfer_us(block.size) - self.config.prefetch_margin_us
+        self._heap_seq += 1
+        heapq.heappush(self._prefetch_heap, (start, self._heap_seq, block.heap_version, block.block_id))
+        heap = self._prefetch_heap
+        if len(heap) > 2 * len(self.blocks) + 1024:
+            # Drop stale entries so the heap stays proportional to live blocks (amortised O(1)).
+            live = [e for e in heap if (b := self.blocks.get(e[3])) is not None and b.heap_version == e[2]]
+            heapq.heapify(live)
+            self._prefetch_heap = live
+
+    def run_prefetch(self) -> None:
+        """Promote blocks whose deadline is within transfer time plus margin, if the policy
+        judges them worth the victims. Called once per batch."""
+        heap = self._prefetch_heap
+        now = self.clock.now_us
+        while heap and heap[0][0] <= now:
+            _, _, version, block_id = heapq.heappop(heap)
+            block = self.blocks.get(block_id)
+            if block is None or block.heap_version != version or block.deadline_us is None:
+                continue
+            src = block.tier
+            if src <= 0 or block.deadline_us < now:
+                continue  # already on top, dropped (recompute is the engine's call) or too late
+            top = self._top_allowed(block)
+            if top >= src:
+                continue
+            policy = self.tiers[top].policy
+            admit = lambda victims, b=block, p=policy: p.admit_prefetch(b, victims)  # noqa: E731
+            if self._make_room(top, block.size, {block_id}, admit):
+                self._detach(block)
+                self._attach(block, top)
+                self.stats.prefetches += 1
+                self.stats.bytes_up += block.size
+                self._emit(DirectiveKind.PREFETCH, block, src, top, policy.score(block), "deadline within reach", block.deadline_us)
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
+        """(name, blocks, bytes, capacity, pinned bytes) per tier, top first."""
+        return [(t.name, t.blocks, t.used, t.capacity, t.pinned_bytes) for t in self.tiers]
+
+    def dropped_blocks(self) -> int:
+        return len(self.blocks) - sum(t.blocks for t in self.tiers)
+
+    def request_blocks(self, request_id: str) -> Iterable[Block]:
+        return [self.blocks[b] for b in sorted(self.by_request.get(request_id, ()))]
+
+    def tier_name(self, t: int) -> str:
+        return self.tiers[t].name if t >= 0 else ""
+
+
+_DECODE_CRITICAL = 4
+# Intent fields a reused block takes from its new allocation.
+_INTENT_FIELDS = (
+    "owner",
+    "request_id",
+    "tenant",
+    "pin_requested",
+    "priority",
+    "phase",
+    "deadline_us",
+    "slack_us",
+    "recompute_cost_us",
+    "spill_cost_us",
+    "request_priority",
+    "is_draft",
+    "is_committed",
+    "parent_id",
+    "allowed_mask",
+    "layer",
+    "head_group",
+    "token_start",
+    "token_count",
+)

@@ -1,0 +1,114 @@
+"""Journals: where every accepted batch goes, in apply order.
+
+URLs: ``file://PATH`` (the embedded default, no server needed), ``redis://HOST:PORT/DB``
+(also ``rediss://`` and ``unix://``), or ``none``. For reading, a Redis URL may name the
+stream with ``?stream=KEY``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from broker.journal.base import Journal, NullJournal
+from broker.journal.file import FileJournal, read_file_journal
+from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.journal.redis_stream import RedisJournal, directives_key, read_redis_records, redact, stream_exists
+
+__all__ = [
+    "Journal",
+    "JournalError",
+    "JournalRecord",
+    "JournalSource",
+    "RecordKind",
+    "open_journal",
+    "open_source",
+]
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def file_path(url: str) -> str:
+    """``file://relative/path`` and ``file:///abs/path`` both name a path; so does a bare path."""
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def split_redis_url(url: str) -> tuple[str, str | None]:
+    """(connection URL, stream key or None) from a URL that may carry ``?stream=KEY``."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    stream = next((v for k, v in query if k == "stream"), None)
+    rest = urlencode([(k, v) for k, v in query if k != "stream"])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), stream
+
+
+def open_journal(url: str, *, stream: str, maxlen: int, fsync: bool, max_group: int) -> Journal:
+    """The journal a broker writes to, not yet started."""
+    if url == "none":
+        return NullJournal(max_group)
+    if url.startswith(_REDIS_SCHEMES):
+        conn, key = split_redis_url(url)
+        return RedisJournal(conn, key or stream, maxlen=maxlen, max_group=max_group)
+    if url.startswith("file://"):
+        return FileJournal(file_path(url), fsync=fsync, max_group=max_group)
+    raise JournalError(f"journal URL {redact(url)!r}: expected file://PATH, redis://HOST:PORT/DB or none")
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalSource:
+    """A journal to read back: its batches, and the directives the broker sent, if kept."""
+
+    url: str
+    stream: str | None = None
+
+    def _redis(self) -> tuple[str, str]:
+        conn, key = split_redis_url(self.url)
+        key = key or self.stream
+        if not key:
+            raise JournalError(f"{redact(self.url)}: name the stream (?stream=KEY or --stream)")
+        return conn, key
+
+    def check(self) -> None:
+        """Fail early, with the reason, if the journal is not there."""
+        if self.url.startswith(_REDIS_SCHEMES):
+            conn, key = self._redis()
+            if not stream_exists(conn, key):
+                raise JournalError(f"{redact(conn)}: stream {key!r} does not exist")
+        else:
+            path = file_path(self.url)
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                raise JournalError(f"cannot open journal {path}: {exc.strerror}") from exc
+
+    def _records(self, kind: RecordKind) -> Iterator[JournalRecord]:
+        if self.url.startswith(_REDIS_SCHEMES):
+            conn, key = self._redis()
+            stream = directives_key(key) if kind == RecordKind.DIRECTIVES else key
+            for record in read_redis_records(conn, stream):
+                if record.kind == kind:
+                    yield record
+            return
+        for record in read_file_journal(file_path(self.url)):
+            if record.kind == kind:
+                yield record
+
+    def batches(self) -> Iterator[JournalRecord]:
+        """Accepted batches, in the order the broker applied them."""
+        return self._records(RecordKind.BATCH)
+
+    def configs(self) -> Iterator[JournalRecord]:
+        """CONFIG records (core config as JSON), in the order written."""
+        return self._records(RecordKind.CONFIG)
+
+    def directives(self) -> Iterator[JournalRecord]:
+        """DirectiveBatch records, one per batch that produced directives, in apply order."""
+        return self._records(RecordKind.DIRECTIVES)
+
+
+def open_source(url: str, stream: str | None = None) -> JournalSource:
+    if url == "none":
+        raise JournalError("journal 'none' keeps nothing to replay")
+    return JournalSource(url, stream)

@@ -1,0 +1,107 @@
+"""The journal interface: appends are queued on the request path and written by one
+background task in order, grouped and pipelined."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+
+from broker.journal.records import JournalRecord
+
+log = logging.getLogger("kvbroker.journal")
+
+
+class Journal(ABC):
+    """Queue-and-write-behind journal; subclasses implement ``_write`` for one group."""
+
+    def __init__(self, max_group: int = 512) -> None:
+        self._queue: list[JournalRecord] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.max_group = max_group
+        self.written = 0
+        self.errors = 0
+        self.last_error = ""
+
+    @property
+    @abstractmethod
+    def description(self) -> str: ...
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    async def start(self) -> None:
+        await self._open()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"journal-writer {self.description}")
+
+    def append(self, record: JournalRecord) -> None:
+        """Queue a record; never blocks. Records are written in the order appended."""
+        self._queue.append(record)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until everything appended so far is written."""
+        while self._queue or not self._idle.is_set():
+            if self._task is None or self._task.done():
+                raise RuntimeError(f"journal {self.description} is not running")
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        """Write what is queued, then stop."""
+        if self._task is not None and not self._task.done():
+            await self.flush()
+            self._closing = True
+            self._wake.set()
+            await self._task
+        await self._close()
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._queue:
+                self._idle.set()
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            group = self._queue[: self.max_group]
+            try:
+                await self._write(group)
+            except Exception as exc:  # keep the records and retry: nothing accepted is lost
+                self.errors += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("journal %s write failed (%s); retrying in %.2fs", self.description, self.last_error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            del self._queue[: len(group)]
+            self.written += len(group)
+
+    async def _open(self) -> None:
+        """Prepare the backend (create or repair the file, connect)."""
+
+    async def _close(self) -> None:
+        """Release the backend."""
+
+    @abstractmethod
+    async def _write(self, group: list[JournalRecord]) -> None:
+        """Durably hand one group of records to the backend, in order, or raise."""
+
+
+class NullJournal(Journal):
+    """Journal nothing (``--journal none``): replay of this broker is impossible."""
+
+    @property
+    def description(self) -> str:
+        return "none"
+
+    async def _write(self, group: list[JournalRecord]) -> None:
+        return None

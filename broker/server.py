@@ -1,0 +1,240 @@
+"""The gRPC servicer and ``serve()``: grpc.aio on uvloop, graceful stop on SIGTERM/SIGINT.
+
+The servicer converts between bytes/protobuf and the service and sets statuses; nothing
+else. Requests that carry a batch are received as raw bytes, so the journal stores each
+batch exactly as the client sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from broker.config import BrokerConfig
+from broker.journal import open_journal
+from broker.service import BrokerService, VersionError
+from kvbroker.v1 import broker_service_pb2 as spb
+from kvbroker.v1 import directive_pb2 as dpb
+from kvbroker.v1 import intent_pb2 as pb
+
+log = logging.getLogger("kvbroker.server")
+
+SERVICE_NAME = "kvbroker.v1.BrokerService"
+MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+def field_slice(raw: bytes, field_number: int) -> bytes | None:
+    """The bytes of one length-delimited top-level field, exactly as on the wire.
+
+    Returns None if the field is absent, repeated (protobuf merges repeats), or the message
+    is not well formed; the caller then re-serializes instead.
+    """
+    pos, end, found = 0, len(raw), None
+    try:
+        while pos < end:
+            key, pos = _varint(raw, pos)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, pos = _varint(raw, pos)
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            elif wire == 2:
+                length, pos = _varint(raw, pos)
+                if number == field_number:
+                    if found is not None:
+                        return None
+                    found = raw[pos : pos + length]
+                pos += length
+            else:
+                return None
+    except IndexError:
+        return None
+    return found if pos == end else None
+
+
+def _varint(raw: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = raw[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
+
+
+def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: pb.IntentBatch | None = None) -> dpb.DirectiveBatch:
+    out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
+    if batch is not None:
+        out.client_id = batch.client_id
+        out.batch_seq = batch.batch_seq
+    return out
+
+
+class BrokerServicer:
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+
+    async def Stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[spb.StreamResponse]:
+        service = self.service
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        try:
+            opening = spb.StreamRequest.FromString(first)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
+        if opening.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
+        try:
+            reply = service.hello(opening.hello)
+        except VersionError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        client_id = opening.hello.client_id
+        yield spb.StreamResponse(hello=reply)
+        service.streams += 1
+        try:
+            async for raw in requests:
+                yield spb.StreamResponse(directives=self._stream_batch(raw, client_id))
+        finally:
+            service.streams -= 1
+
+    def _stream_batch(self, raw: bytes, client_id: str) -> dpb.DirectiveBatch:
+        try:
+            request = spb.StreamRequest.FromString(raw)
+        except DecodeError as exc:
+            return _batch_error("batch", f"malformed StreamRequest: {exc}")
+        if request.WhichOneof("kind") != "batch":
+            return _batch_error("hello", "hello already received on this stream; send batches")
+        batch = request.batch
+        if batch.client_id != client_id:
+            return _batch_error("client_id", f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}", batch=batch)
+        payload = field_slice(raw, 2)
+        return self.service.submit(batch, payload if payload is not None else batch.SerializeToString())
+
+    async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
+        try:
+            request = spb.SubmitRequest.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed SubmitRequest: {exc}")
+        try:
+            self.service.hello(request.hello)
+        except VersionError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        batch = request.batch
+        if batch.client_id != request.hello.client_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch.client_id: must equal hello.client_id")
+        payload = field_slice(raw, 2)
+        result = self.service.submit(batch, payload if payload is not None else batch.SerializeToString())
+        return spb.SubmitResponse(directives=result)
+
+    async def GetResidency(self, request: spb.GetResidencyRequest, context: grpc.aio.ServicerContext) -> spb.GetResidencyResponse:
+        response = self.service.residency(request)
+        if response is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"block {request.block_id!r} is not allocated")
+        assert response is not None
+        return response
+
+    async def GetStats(self, request: spb.GetStatsRequest, context: grpc.aio.ServicerContext) -> spb.GetStatsResponse:
+        return self.service.stats()
+
+
+def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
+    """Register the service; Stream and Submit take raw bytes (journaled as received)."""
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            servicer.Stream, request_deserializer=None, response_serializer=spb.StreamResponse.SerializeToString
+        ),
+        "Submit": grpc.unary_unary_rpc_method_handler(
+            servicer.Submit, request_deserializer=None, response_serializer=spb.SubmitResponse.SerializeToString
+        ),
+        "GetResidency": grpc.unary_unary_rpc_method_handler(
+            servicer.GetResidency,
+            request_deserializer=spb.GetResidencyRequest.FromString,
+            response_serializer=spb.GetResidencyResponse.SerializeToString,
+        ),
+        "GetStats": grpc.unary_unary_rpc_method_handler(
+            servicer.GetStats,
+            request_deserializer=spb.GetStatsRequest.FromString,
+            response_serializer=spb.GetStatsResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+class RunningBroker:
+    """A started broker: its port, service and a way to stop it (used by serve and demo)."""
+
+    def __init__(self, server: grpc.aio.Server, service: BrokerService, port: int) -> None:
+        self.server = server
+        self.service = service
+        self.port = port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop taking calls, let running ones finish within ``grace``, flush the journal."""
+        await self.server.stop(grace)
+        await self.service.journal.close()
+
+
+async def start_broker(config: BrokerConfig) -> RunningBroker:
+    journal = open_journal(
+        config.journal.url,
+        stream=config.stream_key(),
+        maxlen=config.journal.maxlen,
+        fsync=config.journal.fsync,
+        max_group=config.journal.max_group,
+    )
+    await journal.start()
+    service = BrokerService(config, journal)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    add_servicer(BrokerServicer(service), server)
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        await journal.close()
+        raise OSError(f"cannot listen on {config.listen}")
+    await server.start()
+    return RunningBroker(server, service, port)
+
+
+async def serve(config: BrokerConfig, *, on_ready: Callable[[RunningBroker], None] | None = None, grace: float = 5.0) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully."""
+    broker = await start_broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    host = config.listen.rsplit(":", 1)[0]
+    log.info(
+        "kvbroker %s listening on %s:%d policy=%s journal=%s",
+        config.broker_id,
+        host,
+        broker.port,
+        broker.service.core.policy_name,
+        broker.service.journal.description,
+    )
+    if on_ready is not None:
+        on_ready(broker)
+    await stop.wait()
+    log.info("stopping: finishing calls (grace %.1fs) and flushing the journal", grace)
+    await broker.stop(grace)
+    log.info("stopped; journal records written: %d", broker.service.journal.written)
+
+
+def run(config: BrokerConfig, on_ready: Callable[[RunningBroker], None] | None = None) -> None:
+    import uvloop
+
+    uvloop.run(serve(config, on_ready=on_ready))

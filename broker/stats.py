@@ -1,0 +1,98 @@
+"""Counters of the core: what GetStats, `kvbroker status` and replay reports show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DIRECTIVE_KINDS = ("evict", "demote", "promote", "prefetch")
+EVENT_KINDS = ("allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
+
+
+class CoreStats:
+    """Plain counters, updated in place on the hot path."""
+
+    __slots__ = (
+        "accesses_by_tier",
+        "acks_done",
+        "acks_failed",
+        "allocated_bytes",
+        "batches",
+        "bytes_down",
+        "bytes_up",
+        "dc_accesses",
+        "dc_misses",
+        "demotions",
+        "directives",
+        "duplicate_batches",
+        "events",
+        "evictions",
+        "overcommits",
+        "prefetches",
+        "recomputes",
+        "rejected_events",
+        "reuses",
+    )
+
+    def __init__(self, tiers: int) -> None:
+        # One slot per tier, plus a last one for accesses to dropped blocks, so that the
+        # dropped tier index -1 lands on it.
+        self.accesses_by_tier = [0] * (tiers + 1)
+        self.dc_accesses = 0
+        self.dc_misses = 0
+        self.events = dict.fromkeys(EVENT_KINDS, 0)
+        self.directives = dict.fromkeys(DIRECTIVE_KINDS, 0)
+        self.batches = 0
+        self.duplicate_batches = 0
+        self.rejected_events = 0
+        self.demotions = 0
+        self.evictions = 0
+        self.prefetches = 0
+        self.recomputes = 0
+        self.reuses = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.allocated_bytes = 0
+        self.acks_done = 0
+        self.acks_failed = 0
+        self.overcommits = 0
+
+    @property
+    def accesses(self) -> int:
+        return sum(self.accesses_by_tier)
+
+    def hit_rate(self) -> float:
+        """Fraction of block accesses served from the top tier."""
+        total = self.accesses
+        return self.accesses_by_tier[0] / total if total else 0.0
+
+    def dc_miss_rate(self) -> float:
+        """Decode-critical misses per decode-critical access (not per block)."""
+        return self.dc_misses / self.dc_accesses if self.dc_accesses else 0.0
+
+    def as_dict(self, tier_names: list[str]) -> dict[str, Any]:
+        by_tier = {name: self.accesses_by_tier[i] for i, name in enumerate(tier_names)}
+        by_tier["dropped"] = self.accesses_by_tier[-1]
+        return {
+            "accesses": self.accesses,
+            "hit_rate": self.hit_rate(),
+            "accesses_by_tier": by_tier,
+            "dc_accesses": self.dc_accesses,
+            "dc_misses": self.dc_misses,
+            "dc_miss_rate": self.dc_miss_rate(),
+            "events": dict(self.events),
+            "directives": dict(self.directives),
+            "batches": self.batches,
+            "duplicate_batches": self.duplicate_batches,
+            "rejected_events": self.rejected_events,
+            "demotions": self.demotions,
+            "evictions": self.evictions,
+            "prefetches": self.prefetches,
+            "recomputes": self.recomputes,
+            "reuses": self.reuses,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "bytes_moved": self.bytes_up + self.bytes_down,
+            "acks_done": self.acks_done,
+            "acks_failed": self.acks_failed,
+            "overcommits": self.overcommits,
+        }

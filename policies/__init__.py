@@ -1,0 +1,1 @@
+"""Eviction and prefetch policies: one per file, one registry (policies.registry)."""

@@ -1,0 +1,261 @@
+"""The policy interface: what every eviction/prefetch policy implements.
+
+The broker core owns residency, pins, capacity and directives; a policy owns only the order
+in which the unpinned blocks of one tier would leave it (vLLM's kv_offload split). One policy
+instance serves one tier. Policies are synchronous, deterministic, know no protobuf and do
+no I/O; time comes from ``ctx.clock.now_us`` (event time), never the wall clock.
+
+Contract, as the core calls it:
+
+- ``insert(block)``: the block became resident and evictable in this tier (allocated here,
+  demoted or promoted here, or unpinned while here). Never called for a pinned block.
+- ``access(block)``: an evictable block of this tier was read.
+- ``update(block)``: the block's intent (phase, priority, deadline, ...) changed.
+- ``remove(block)``: the block left without being chosen (freed, pinned, moved by an access
+  or an ack). Removing a block the policy does not hold raises ``PolicyError``.
+- ``choose_victims(bytes_needed, protected)``: name blocks whose sizes add up to at least
+  ``bytes_needed``, none in ``protected`` (block ids), or return ``None``. It changes no
+  state (libCacheSim's ``to_evict``): the core then calls ``evicted`` for each block it
+  really moves out, so eviction is atomic.
+- ``evicted(block)``: a chosen victim left the tier (history-keeping policies record it).
+
+Every operation is O(1) or O(log n) in the number of blocks the policy holds; walking the
+order from the cold end in ``choose_victims`` costs only the victims and the protected
+blocks it steps over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Set as AbstractSet
+from enum import IntEnum
+from typing import Any, ClassVar
+
+
+class PolicyError(Exception):
+    """A policy was used against its contract (unknown block, bad parameter)."""
+
+
+class Phase(IntEnum):
+    """Request phase; numbers equal kvbroker.v1.Phase."""
+
+    UNSPECIFIED = 0
+    PREFILL = 1
+    DECODE = 2
+    VERIFY = 3
+    ROLLBACK = 4
+    DONE = 5
+    IDLE = 6
+
+
+class Priority(IntEnum):
+    """Block priority; numbers equal kvbroker.v1.Priority."""
+
+    UNSPECIFIED = 0
+    COLD = 1
+    WARM = 2
+    HOT = 3
+    DECODE_CRITICAL = 4
+
+
+DROPPED = -1
+"""Tier index of a block that is allocated but resident in no tier (must be recomputed)."""
+
+DEFAULT_REQUEST_PRIORITY = 50
+
+
+class Block:
+    """One KV block as the broker models it: identity, intent and where it lives.
+
+    ``__slots__`` keeps a block small: the broker must hold a million of them.
+    """
+
+    __slots__ = (
+        "accesses",
+        "allowed_mask",
+        "block_id",
+        "created_us",
+        "deadline_us",
+        "head_group",
+        "heap_version",
+        "is_committed",
+        "is_draft",
+        "last_access_us",
+        "layer",
+        "owner",
+        "parent_id",
+        "phase",
+        "pin_requested",
+        "priority",
+        "recompute_cost_us",
+        "released",
+        "request_id",
+        "request_priority",
+        "size",
+        "slack_us",
+        "spill_cost_us",
+        "tenant",
+        "tier",
+        "token_count",
+        "token_start",
+    )
+
+    def __init__(self, block_id: str, size: int, *, request_id: str = "", tenant: str = "") -> None:
+        self.block_id = block_id
+        # client_id of the client that allocated it; a clear drops only that client's blocks.
+        self.owner = ""
+        self.request_id = request_id
+        self.tenant = tenant
+        self.size = size
+        self.tier = DROPPED
+        self.pin_requested = False
+        self.released = False
+        # Plain ints (the Priority / Phase numbers): events carry them as ints.
+        self.priority: int = Priority.UNSPECIFIED
+        self.phase: int = Phase.UNSPECIFIED
+        self.deadline_us: int | None = None
+        self.slack_us: int | None = None
+        self.recompute_cost_us: int | None = None
+        self.spill_cost_us: int | None = None
+        self.request_priority = DEFAULT_REQUEST_PRIORITY
+        self.is_draft = False
+        self.is_committed = False
+        self.parent_id = ""
+        # Bit i set: the block may live in tier i. 0 means any tier.
+        self.allowed_mask = 0
+        self.created_us = 0
+        self.last_access_us = 0
+        self.accesses = 0
+        self.layer = 0
+        self.head_group = 0
+        self.token_start = 0
+        self.token_count = 0
+        # Bumped whenever the block's prefetch key changes, so stale heap entries are skipped.
+        self.heap_version = 0
+
+    @property
+    def pinned(self) -> bool:
+        """DECODE_CRITICAL implies pinned; a released block is never pinned."""
+        if self.released:
+            return False
+        return self.pin_requested or self.priority == Priority.DECODE_CRITICAL
+
+    def allowed_in(self, tier_index: int) -> bool:
+        return self.allowed_mask == 0 or bool(self.allowed_mask >> tier_index & 1)
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id!r}, size={self.size}, tier={self.tier})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TierInfo:
+    """What a policy may know about the tier it serves and the tiers below it."""
+
+    index: int
+    name: str
+    capacity_bytes: int
+    read_latency_us: float
+    bandwidth_bytes_per_us: float
+
+    def transfer_us(self, size: int) -> float:
+        """Time to read ``size`` bytes out of this tier."""
+        return self.read_latency_us + size / self.bandwidth_bytes_per_us
+
+
+class Clock:
+    """Event time in microseconds; the core advances it from event timestamps only."""
+
+    __slots__ = ("now_us",)
+
+    def __init__(self, now_us: int = 0) -> None:
+        self.now_us = now_us
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyContext:
+    """Everything a policy is given at construction."""
+
+    tier: TierInfo
+    tiers: tuple[TierInfo, ...]
+    clock: Clock
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """Parameters of a policy that has none."""
+
+
+class Policy(ABC):
+    """Base class of every policy. Subclasses set ``name``, ``description`` and ``Params``."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Params: ClassVar[type[Any]] = NoParams
+    # Needs the future of the stream (an oracle): replay only, refused by a live broker.
+    offline: ClassVar[bool] = False
+
+    def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
+        self.ctx = ctx
+        self.params = self.Params() if params is None else params
+        if not isinstance(self.params, self.Params):
+            raise PolicyError(f"{self.name}: params must be {self.Params.__name__}, got {type(params).__name__}")
+
+    @abstractmethod
+    def insert(self, block: Block) -> None: ...
+
+    @abstractmethod
+    def access(self, block: Block) -> None: ...
+
+    def update(self, block: Block) -> None:
+        """Intent changed; policies that ignore intent keep their order."""
+
+    @abstractmethod
+    def remove(self, block: Block) -> None: ...
+
+    def evicted(self, block: Block) -> None:
+        """A victim left the tier; by default the same as ``remove``."""
+        self.remove(block)
+
+    @abstractmethod
+    def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __contains__(self, block_id: object) -> bool: ...
+
+    def score(self, block: Block) -> float:
+        """How strongly the policy wants to keep ``block`` (reported in directives)."""
+        return 0.0
+
+    def admit_prefetch(self, candidate: Block, victims: list[Block]) -> bool:
+        """Whether moving ``candidate`` up is worth evicting ``victims``.
+
+        Demand-only policies never prefetch; intent-aware ones override this.
+        """
+        return False
+
+    def _unknown(self, block: Block) -> PolicyError:
+        return PolicyError(f"{self.name}: block {block.block_id!r} is not held by this policy (tier {self.ctx.tier.name})")
+
+
+def take_until(candidates: Any, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+    """Walk ``candidates`` (cold end first), skipping protected ones, until enough bytes.
+
+    Returns the victims, or ``None`` when the candidates run out first. Shared by the
+    policies whose order is one sequence.
+    """
+    victims: list[Block] = []
+    got = 0
+    if bytes_needed <= 0:
+        return victims
+    for block in candidates:
+        if block.block_id in protected:
+            continue
+        victims.append(block)
+        got += block.size
+        if got >= bytes_needed:
+            return victims
+    return None

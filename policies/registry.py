@@ -1,0 +1,73 @@
+"""The one registry of policies, used by the server, replay, the CLI and the tests.
+
+Built-in policies are named here once; an out-of-tree policy is loaded by ``module:Class``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from policies.base import Policy, PolicyError
+
+# name -> "module:Class". Imported lazily so that listing names costs nothing.
+BUILTIN: dict[str, str] = {
+    "lru": "policies.lru:LRUPolicy",
+    "priority_lru": "policies.priority_lru:PriorityLRUPolicy",
+}
+
+
+def names() -> list[str]:
+    """Names of the built-in policies, sorted."""
+    return sorted(BUILTIN)
+
+
+def policy_class(spec: str) -> type[Policy]:
+    """Resolve a built-in name or an out-of-tree ``module:Class`` to a policy class."""
+    target = BUILTIN.get(spec)
+    if target is None:
+        if ":" not in spec:
+            raise PolicyError(f"unknown policy {spec!r}; built-in policies: {', '.join(names())}; or give module:Class")
+        target = spec
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PolicyError(f"cannot import policy module {module_name!r}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise PolicyError(f"{target!r} is not a Policy subclass")
+    return cls
+
+
+def make_params(cls: type[Policy], values: dict[str, Any] | None) -> Any:
+    """Build the frozen parameter object of ``cls`` from plain config values.
+
+    Unknown keys and values of the wrong type are refused with the parameter named.
+    """
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(fields)) or "none"
+        raise PolicyError(f"policy {cls.name}: unknown parameter(s) {', '.join(unknown)} (parameters: {known})")
+    for key, value in values.items():
+        default = getattr(cls.Params(), key)
+        if isinstance(default, bool) != isinstance(value, bool) or (
+            isinstance(default, (int, float)) and not isinstance(value, (int, float))
+        ):
+            raise PolicyError(f"policy {cls.name}: parameter {key} must be {type(default).__name__}, got {value!r}")
+        if isinstance(default, float):
+            values[key] = float(value)
+    try:
+        params = cls.Params(**values)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy {cls.name}: {exc}") from exc
+    return params
+
+
+def describe(cls: type[Policy]) -> dict[str, Any]:
+    """Name, one-line description and parameters with defaults, for `kvbroker policies`."""
+    params = {f.name: getattr(cls.Params(), f.name) for f in dataclasses.fields(cls.Params)}
+    return {"name": cls.name, "description": cls.description, "offline": cls.offline, "params": params}
