@@ -73,7 +73,7 @@ async def test_damage_before_the_tail_is_refused_not_misread(tmp_path) -> None: 
     with open(path, "r+b") as f:
         f.seek(len(MAGIC) + 8 + 12)  # inside the first record's payload
         f.write(b"\xff\xff")
-    with pytest.raises(JournalError, match="checksum mismatch.*offset 8"):
+    with pytest.raises(JournalError, match=r"checksum mismatch.*offset 8"):
         open_for_append(path)
 
 

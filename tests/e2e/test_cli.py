@@ -135,7 +135,7 @@ def test_replay_of_a_missing_journal_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_sigint_stops_serve_gracefully_too(tmp_path: Path) -> None:
-    proc, port = start_serve(tmp_path, "--journal", "none")
+    proc, _port = start_serve(tmp_path, "--journal", "none")
     time.sleep(0.2)
     os.kill(proc.pid, signal.SIGINT)
     proc.wait(timeout=30)
