@@ -60,7 +60,9 @@ def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
     core.stats.batches += 1
     rejections: list[Rejection] = []
     events_seen = core.stats.events
+    clock = core.clock
     for index, event in enumerate(batch.events):
+        clock.event_index += 1
         kind = event.WhichOneof("kind")
         try:
             if kind is None:
@@ -115,6 +117,11 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     block.pin_requested = intent.pin_requested
     block.is_draft = intent.is_draft
     block.is_committed = intent.is_committed
+    if intent.HasField("expected_reuse_window_tokens"):
+        block.reuse_window = intent.expected_reuse_window_tokens
+    block.recompute_ok = intent.recompute_ok
+    block.compression_ok = intent.compression_ok
+    block.prefetch_ok = intent.prefetch_ok
     block.parent_id = intent.parent_block_id
     block.layer = intent.layer
     block.head_group = intent.head_group
@@ -131,7 +138,7 @@ def _allocated(core: Core, event: pb.Event, client: str) -> None:
     alloc = event.allocated
     block = block_from_intent(core, alloc.intent, client)
     t = core.resolve_tier(alloc.tier, "allocated.tier", empty=0)
-    core.allocate(block, t)
+    core.allocate(block, t, reuse=alloc.reuse)
 
 
 def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
@@ -150,7 +157,13 @@ def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
 
 
 def _accessed(core: Core, event: pb.Event, client: str) -> None:
-    core.access(_blocks(core, event.accessed.block_ids, "accessed.block_ids"))
+    accessed = event.accessed
+    next_use: int | None = None
+    if accessed.HasField("next_use_us"):
+        next_use = accessed.next_use_us
+        if next_use < 0:
+            raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
+    core.access(_blocks(core, accessed.block_ids, "accessed.block_ids"), next_use)
 
 
 def _intent_updated(core: Core, event: pb.Event, client: str) -> None:
@@ -167,6 +180,8 @@ def _intent_updated(core: Core, event: pb.Event, client: str) -> None:
     for name in ("deadline_us", "slack_us", "recompute_cost_us"):
         if upd.HasField(name) and getattr(upd, name) < 0:
             raise EventError(f"intent_updated.{name}", f"must be >= 0, got {getattr(upd, name)}")
+    if upd.HasField("request_priority") and upd.request_priority > 100:
+        raise EventError("intent_updated.request_priority", f"must be in 0..100, got {upd.request_priority}")
     core.update(block, _updater(upd, phase, priority))
 
 
@@ -185,13 +200,16 @@ def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None) -> 
         if upd.HasField("recompute_cost_us"):
             block.recompute_cost_us = upd.recompute_cost_us
         if upd.HasField("pin_requested"):
+            # A released block stays unpinned: only a referenced block can be pinned.
             block.pin_requested = upd.pin_requested
-            if upd.pin_requested:
-                block.released = False
         if upd.HasField("is_committed"):
             block.is_committed = upd.is_committed
         if upd.HasField("is_draft"):
             block.is_draft = upd.is_draft
+        if upd.HasField("expected_reuse_window_tokens"):
+            block.reuse_window = upd.expected_reuse_window_tokens
+        if upd.HasField("request_priority"):
+            block.request_priority = upd.request_priority
 
     return apply
 

@@ -87,31 +87,152 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capacity_combos(args: argparse.Namespace, bytes_per_token: int) -> list[dict[int, int]]:
+    """Cartesian product of --hbm/--dram/--nvme lists: tier position -> bytes."""
+    from broker.sweep import parse_capacity
+
+    combos: list[dict[int, int]] = [{}]
+    for position, flag in enumerate(("hbm", "dram", "nvme")):
+        value = getattr(args, flag)
+        if not value:
+            continue
+        sizes = [parse_capacity(v, bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
+        combos = [{**c, position: size} for c in combos for size in sizes]
+    return combos
+
+
+def _write_csv(records: list[dict[str, Any]], target: str) -> None:
+    import csv
+    import io
+
+    flat = []
+    for rec in records:
+        row: dict[str, Any] = {}
+        for key, value in rec.items():
+            if isinstance(value, dict):
+                for sub_key, sub_value in value.items():
+                    row[f"{key}.{sub_key}"] = sub_value
+            else:
+                row[key] = value
+        flat.append(row)
+    fields = list(dict.fromkeys(k for row in flat for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(flat)
+    if target == "-":
+        sys.stdout.write(buffer.getvalue())
+    else:
+        with open(target, "w", encoding="utf-8", newline="") as f:
+            f.write(buffer.getvalue())
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    import os
+
     from broker.config import CoreConfig
     from broker.journal import JournalError, open_source
-    from broker.replay import format_table, replay_source
+    from broker.replay import format_table, journal_config
+    from broker.sweep import Job, Source, run_jobs, single_tier
+    from clients.traces import TraceError, TraceOptions
     from policies import registry
+    from policies.base import PolicyError
 
-    policies = _split_policies(args.policy) or registry.names()
-    core: CoreConfig | None = load_config(args.config).core if args.config else None
+    if bool(args.journal) == bool(args.trace):
+        print("kvbroker replay: give either --journal URL or --trace PATH --format F", file=sys.stderr)
+        return 2
+    policies = _split_policies(args.policy) + _split_policies(args.policies) or registry.names()
     try:
-        results = replay_source(open_source(args.journal, args.stream), policies, core, verify=args.verify)
-    except JournalError as exc:
+        for name in policies:
+            registry.policy_class(name)
+    except PolicyError as exc:
+        print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
+        return 2
+    options = TraceOptions(decode=not args.no_decode, bytes_per_token=args.bytes_per_token, tpot_us=args.tpot_us, skip_bad=args.skip_bad)
+    live_policy = None
+    try:
+        if args.journal:
+            source = Source(journal=args.journal, stream=args.stream, options=options)
+            journal = open_source(args.journal, args.stream)
+            journal.check()
+            recorded = journal_config(journal)
+            live_policy = recorded.policy.name if recorded else None
+            base = load_config(args.config).core if args.config else recorded
+            if base is None:
+                print("kvbroker replay: the journal holds no config record; pass --config", file=sys.stderr)
+                return 2
+        else:
+            if not args.format:
+                print("kvbroker replay: --trace needs --format (mooncake, ...)", file=sys.stderr)
+                return 2
+            source = Source(trace=args.trace, fmt=args.format, options=options)
+            if args.config:
+                base = load_config(args.config).core
+            elif args.no_decode:
+                if not args.hbm:
+                    print("kvbroker replay: --no-decode without --config replays one cache tier: give its size with --hbm", file=sys.stderr)
+                    return 2
+                base = single_tier(0)
+            else:
+                base = CoreConfig()
+        jobs: list[Job] = []
+        for combo in _capacity_combos(args, args.bytes_per_token):
+            if combo and max(combo) >= len(base.tiers):
+                print(f"kvbroker replay: the config has {len(base.tiers)} tier(s); cannot size tier {max(combo) + 1}", file=sys.stderr)
+                return 2
+            tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
+            config = dataclasses.replace(base, tiers=tiers)
+            jobs.extend(Job(source, name, config, verify=args.verify and name == live_policy) for name in policies)
+        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+        records = run_jobs(jobs, workers)
+    except (JournalError, TraceError, PolicyError) as exc:
         print(f"kvbroker replay: {exc}", file=sys.stderr)
         return 2
+    if args.csv:
+        _write_csv(records, args.csv)
     if args.json:
-        print(json.dumps([r.as_record() for r in results], indent=2))
-    else:
-        print(format_table(results))
-    failed = [r for r in results if r.mismatches]
+        print(json.dumps(records, indent=2))
+    elif args.csv != "-":
+        print(format_table(records))
+    skipped = max((r["skipped_lines"] for r in records), default=0)
+    if skipped:
+        print(f"kvbroker replay: skipped {skipped} bad line(s) (--skip-bad)", file=sys.stderr)
+    failed = [r for r in records if r["mismatches"]]
     if failed:
         bad = failed[0]
-        print(f"kvbroker replay: {bad.policy} did not reproduce the journaled directives: {bad.first_mismatch}", file=sys.stderr)
+        print(f"kvbroker replay: {bad['policy']} did not reproduce the journaled directives: {bad.get('first_mismatch')}", file=sys.stderr)
         return 1
-    if args.verify and not any(r.mismatches is not None for r in results):
+    if args.verify and not any(r["verified"] is not None for r in records):
         print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from broker.journal import file_path
+    from broker.journal.records import MAGIC, JournalRecord, RecordKind, encode
+    from clients.traces import SkipCounter, TraceError, TraceOptions, read_trace
+
+    options = TraceOptions(decode=not args.no_decode, bytes_per_token=args.bytes_per_token, tpot_us=args.tpot_us, skip_bad=args.skip_bad)
+    skips = SkipCounter(args.skip_bad)
+    out = file_path(args.out)
+    batches = events = 0
+    try:
+        with open(out, "wb") as f:
+            f.write(MAGIC)
+            if args.config:
+                from broker.config import core_to_json
+
+                core = load_config(args.config).core
+                f.write(encode(JournalRecord(RecordKind.CONFIG, 1, 1, core_to_json(core).encode())))
+            for batch in read_trace(args.trace, args.format, options, skips):
+                f.write(encode(JournalRecord(RecordKind.BATCH, 1, 1, batch.SerializeToString())))
+                batches += 1
+                events += len(batch.events)
+    except TraceError as exc:
+        print(f"kvbroker import: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"journal": f"file://{out}", "batches": batches, "events": events, "skipped_lines": skips.skipped}))
     return 0
 
 
@@ -136,6 +257,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
 
 
+def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
+    from clients.traces import TraceOptions
+
+    p.add_argument("--trace", required=required, help="trace file to import")
+    p.add_argument("--format", required=required, help="trace format: mooncake")
+    p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
+    p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
+    p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
+    p.add_argument("--skip-bad", action="store_true", help="count and skip bad lines instead of stopping at the first")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvbroker", description="gRPC memory-intent broker for the KV cache of LLM inference servers")
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -153,14 +285,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("replay", help="replay a journal through one or more policies and compare them")
-    p.add_argument("--journal", required=True, help="file://PATH or redis://HOST:PORT/DB[?stream=KEY]")
+    p = sub.add_parser("replay", help="replay a journal or a trace through policies and compare them")
+    p.add_argument("--journal", help="file://PATH or redis://HOST:PORT/DB[?stream=KEY]")
     p.add_argument("--stream", help="Redis stream key (default: from the URL)")
+    _trace_flags(p)
     p.add_argument("--policy", action="append", help="policy to run (repeat, or comma-separated; default: all)")
-    p.add_argument("--config", help="config whose tiers to replay on (default: the one the journal recorded)")
+    p.add_argument("--policies", action="append", help="comma-separated policies (same as --policy)")
+    p.add_argument("--config", help="config whose tiers to replay on (default: the journal's, or hbm/dram/nvme defaults)")
+    p.add_argument("--hbm", help="top tier capacities to sweep: 1GiB,4GiB or 1000000tok,3000000tok")
+    p.add_argument("--dram", help="second tier capacities to sweep")
+    p.add_argument("--nvme", help="third tier capacities to sweep")
+    p.add_argument("--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count)")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
-    p.add_argument("--json", action="store_true", help="a JSON array, one record per policy")
+    p.add_argument("--json", action="store_true", help="a JSON array, one record per (policy, capacity)")
+    p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("import", help="convert a trace into a journal file that replay reads")
+    _trace_flags(p, required=True)
+    p.add_argument("--out", required=True, help="file://PATH of the journal to write")
+    p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("policies", help="list the policies with their parameters")
     p.add_argument("--json", action="store_true")

@@ -19,7 +19,7 @@ from enum import IntEnum
 
 from broker.config import CoreConfig
 from broker.stats import CoreStats
-from policies.base import DROPPED, Block, Clock, Policy, PolicyContext, PolicyError, TierInfo
+from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, TierInfo
 from policies.registry import make_params, policy_class
 
 
@@ -93,18 +93,21 @@ class TierState:
 class Core:
     """Residency state plus one policy instance per tier."""
 
-    def __init__(self, config: CoreConfig, *, generation: int = 1, allow_offline: bool = False) -> None:
+    def __init__(self, config: CoreConfig, *, generation: int = 1, future_uses: dict[str, list[int]] | None = None) -> None:
+        """``future_uses`` (block id -> ordinals of the events that use it) is given by
+        replay only; offline policies such as belady need it and are refused without it."""
         self.config = config
         self.generation = generation
         self.clock = Clock()
         cls = policy_class(config.policy.name)
-        if cls.offline and not allow_offline:
+        if cls.offline and future_uses is None:
             raise PolicyError(f"policy {cls.name} needs the future of the stream: it runs in replay only, not live")
         params = make_params(cls, config.policy.params)
         self.policy_name = cls.name or config.policy.name
         infos = tuple(t.info(i) for i, t in enumerate(config.tiers))
+        future = FutureUses(future_uses, self.clock) if future_uses is not None and cls.offline else None
         self.tiers = [
-            TierState(info, t.high_watermark, t.low_watermark, cls(PolicyContext(info, infos, self.clock), params))
+            TierState(info, t.high_watermark, t.low_watermark, cls(PolicyContext(info, infos, self.clock, future), params))
             for info, t in zip(infos, config.tiers, strict=True)
         ]
         self.tier_index = {t.name: t.index for t in self.tiers}
@@ -121,6 +124,7 @@ class Core:
         self._heap_seq = 0
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
+        self._proposing = type(top).after_access is not Policy.after_access
 
     # ---- time and directives -------------------------------------------------------------
 
@@ -267,18 +271,23 @@ class Core:
             raise EventError(field, f"unknown tier {name!r} (tiers: {', '.join(self.tier_index)})")
         return t
 
-    def allocate(self, block: Block, t: int) -> None:
-        """A new block in tier t, or a released cached block taken again (prefix reuse)."""
+    def allocate(self, block: Block, t: int, *, reuse: bool = False) -> None:
+        """A new block in tier t, a released cached block taken again (prefix reuse), or,
+        with ``reuse``, one more reference to a block still referenced (shared prefix)."""
         existing = self.blocks.get(block.block_id)
         if existing is not None:
-            if not existing.released:
+            if existing.released:
+                self._reuse(existing, block)
+            elif reuse:
+                self._share(existing, block)
+            else:
                 raise EventError(
                     "allocated.intent.block_id",
-                    f"block {block.block_id!r} is already allocated (release or free it first)",
+                    f"block {block.block_id!r} is already allocated (release or free it first, or set reuse)",
                     "ALREADY_EXISTS",
                 )
-            self._reuse(existing, block)
             return
+        self.stats.prompt_blocks += 1
         if not block.allowed_in(t):
             raise EventError("allocated.tier", f"tier {self.tiers[t].name!r} is not in the block's allowed_tiers")
         if not self._make_room(t, block.size, {block.block_id}):
@@ -306,17 +315,56 @@ class Core:
         for name in _INTENT_FIELDS:
             setattr(block, name, getattr(intent, name))
         block.released = False
+        block.refs = 1
         self._repin(block, was_pinned)
-        self.stats.reuses += 1
+        self._count_prefix_use(block)
         self._touch(block, {block.block_id})
         if self._prefetching and block.deadline_us is not None and block.tier > 0:
             self._push_prefetch(block)
 
-    def access(self, blocks: list[Block]) -> None:
-        """A step read these blocks: each must be in its top allowed tier to be used."""
+    def _share(self, block: Block, intent: Block) -> None:
+        """Another reference to a live block: the most demanding intent of its users wins."""
+        was_pinned = block.pinned
+        old_deadline = block.deadline_us
+        block.refs += 1
+        block.priority = max(block.priority, intent.priority)
+        block.request_priority = max(block.request_priority, intent.request_priority)
+        block.pin_requested = block.pin_requested or intent.pin_requested
+        if intent.deadline_us is not None and (block.deadline_us is None or intent.deadline_us < block.deadline_us):
+            block.deadline_us = intent.deadline_us
+        if not self._repin(block, was_pinned) and block.tier != DROPPED and not block.pinned:
+            self.tiers[block.tier].policy.update(block)
+        self._count_prefix_use(block)
+        self._touch(block, {block.block_id})
+        if self._prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
+            self._push_prefetch(block)
+
+    def _count_prefix_use(self, block: Block) -> None:
+        """A prompt brought a block the broker already had: a prefix hit if still resident."""
+        stats = self.stats
+        stats.reuses += 1
+        stats.prompt_blocks += 1
+        if block.tier == 0:
+            stats.prefix_hits_top += 1
+        if block.tier != DROPPED:
+            stats.prefix_hits_any += 1
+
+    def access(self, blocks: list[Block], next_use_us: int | None = None) -> None:
+        """A step read these blocks: each must be in its top allowed tier to be used.
+        ``next_use_us``, when given, is their new deadline (the next step's time)."""
         protected = {b.block_id for b in blocks}
         for block in blocks:
             self._touch(block, protected)
+        if next_use_us is not None:
+            for block in blocks:
+                self.update(block, _set_deadline(next_use_us))
+        if self._proposing:
+            top = self.tiers[0].policy
+            for block in blocks:
+                for block_id in top.after_access(block):
+                    candidate = self.blocks.get(block_id)
+                    if candidate is not None and candidate.tier > 0 and block_id not in protected:
+                        self._prefetch(candidate, "predicted next access", 0)
 
     def _touch(self, block: Block, protected: AbstractSet[str]) -> None:
         stats = self.stats
@@ -376,6 +424,9 @@ class Core:
         for block in blocks:
             if block.released:
                 continue
+            block.refs -= 1
+            if block.refs > 0:
+                continue  # another request still holds the shared block
             was_pinned = block.pinned
             block.released = True
             if not self._repin(block, was_pinned) and block.tier != DROPPED:
@@ -450,17 +501,23 @@ class Core:
             src = block.tier
             if src <= 0 or block.deadline_us < now:
                 continue  # already on top, dropped (recompute is the engine's call) or too late
-            top = self._top_allowed(block)
-            if top >= src:
-                continue
-            policy = self.tiers[top].policy
-            admit = lambda victims, b=block, p=policy: p.admit_prefetch(b, victims)  # noqa: E731
-            if self._make_room(top, block.size, {block_id}, admit):
-                self._detach(block)
-                self._attach(block, top)
-                self.stats.prefetches += 1
-                self.stats.bytes_up += block.size
-                self._emit(DirectiveKind.PREFETCH, block, src, top, policy.score(block), "deadline within reach", block.deadline_us)
+            self._prefetch(block, "deadline within reach", block.deadline_us)
+
+    def _prefetch(self, block: Block, reason: str, arrive_by: int) -> None:
+        """Move a block up to its top allowed tier ahead of use, if the policy admits the
+        victims that must leave for it."""
+        src = block.tier
+        top = self._top_allowed(block)
+        if top >= src:
+            return
+        policy = self.tiers[top].policy
+        admit = lambda victims: policy.admit_prefetch(block, victims)  # noqa: E731
+        if self._make_room(top, block.size, {block.block_id}, admit):
+            self._detach(block)
+            self._attach(block, top)
+            self.stats.prefetches += 1
+            self.stats.bytes_up += block.size
+            self._emit(DirectiveKind.PREFETCH, block, src, top, policy.score(block), reason, arrive_by)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -476,6 +533,13 @@ class Core:
 
     def tier_name(self, t: int) -> str:
         return self.tiers[t].name if t >= 0 else ""
+
+
+def _set_deadline(deadline_us: int) -> Callable[[Block], None]:
+    def apply(block: Block) -> None:
+        block.deadline_us = deadline_us
+
+    return apply
 
 
 _DECODE_CRITICAL = 4
@@ -494,6 +558,10 @@ _INTENT_FIELDS = (
     "request_priority",
     "is_draft",
     "is_committed",
+    "reuse_window",
+    "recompute_ok",
+    "compression_ok",
+    "prefetch_ok",
     "parent_id",
     "allowed_mask",
     "layer",

@@ -67,7 +67,7 @@ async def run_demo(journal_dir: str, *, requests: int = 40, seed: int = 7, out: 
     results = await asyncio.to_thread(replay_source, JournalSource(journal_url), live_policies(), None, verify=True)
     out("")
     out(f"replay of the journal through every policy ({len(results)}):")
-    out(format_table(results))
+    out(format_table([r.as_record() for r in results]))
     return results
 
 

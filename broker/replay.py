@@ -9,8 +9,9 @@ broker journaled (when it journaled them): replay must reproduce the live run ex
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from broker.apply import apply_batch
@@ -21,6 +22,7 @@ from broker.journal.records import JournalRecord
 from broker.service import directive_to_pb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
+from policies.registry import policy_class
 
 
 @dataclasses.dataclass
@@ -44,6 +46,10 @@ class ReplayResult:
             "events": self.events,
             "accesses": m["accesses"],
             "hit_rate": m["hit_rate"],
+            "prefix_hit_rate": m["prefix_hit_rate"],
+            "prefix_hit_rate_any_tier": m["prefix_hit_rate_any_tier"],
+            "prompt_blocks": m["prompt_blocks"],
+            "prefix_hits": m["prefix_hits"],
             "accesses_by_tier": m["accesses_by_tier"],
             "dc_accesses": m["dc_accesses"],
             "dc_misses": m["dc_misses"],
@@ -70,14 +76,43 @@ def journal_config(source: JournalSource) -> CoreConfig | None:
     return None
 
 
+BatchSource = Callable[[], Iterable[tuple[int, pb.IntentBatch]]]
+"""A re-iterable stream of (config generation, batch): a journal or an imported trace."""
+
+
+def journal_batches(source: JournalSource) -> BatchSource:
+    return lambda: ((r.generation, pb.IntentBatch.FromString(r.payload)) for r in source.batches())
+
+
+def future_uses(batches: BatchSource) -> dict[str, list[int]]:
+    """For every block id, the ordinals of the events that allocate or access it.
+
+    Ordinals count every event of every batch, as the core's clock.event_index does, so
+    offline policies can ask when a block is used next.
+    """
+    uses: dict[str, list[int]] = {}
+    ordinal = -1
+    for _, batch in batches():
+        for event in batch.events:
+            ordinal += 1
+            kind = event.WhichOneof("kind")
+            if kind == "accessed":
+                for block_id in event.accessed.block_ids:
+                    uses.setdefault(block_id, []).append(ordinal)
+            elif kind == "allocated":
+                uses.setdefault(event.allocated.intent.block_id, []).append(ordinal)
+    return uses
+
+
 def replay(
-    batches: Iterable[JournalRecord],
+    batches: BatchSource,
     config: CoreConfig,
     policy: str,
     params: dict[str, Any] | None = None,
     *,
     expected: Iterable[JournalRecord] | None = None,
     sink: list[Directive] | None = None,
+    progress: bool = False,
 ) -> ReplayResult:
     """Run the batches through a fresh core with ``policy``.
 
@@ -86,21 +121,26 @@ def replay(
     directive the replay decides.
     """
     core_config = dataclasses.replace(config, policy=PolicyConfig(policy, dict(params or {})))
-    core = Core(core_config, allow_offline=True)
+    offline = policy_class(policy).offline
+    core = Core(core_config, future_uses=future_uses(batches) if offline else None)
     expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
     mismatches = 0
     first = ""
     n_batches = n_events = n_directives = 0
     started = time.perf_counter()
-    for record in batches:
-        batch = pb.IntentBatch.FromString(record.payload)
-        core.generation = record.generation
+    next_report = started + 0.5
+    for generation, batch in batches():
+        core.generation = generation
         outcome = apply_batch(core, batch)
         n_batches += 1
         n_events += len(batch.events)
         n_directives += len(outcome.directives)
         if sink is not None:
             sink.extend(outcome.directives)
+        if progress and n_batches % 64 == 0 and (now := time.perf_counter()) >= next_report:
+            next_report = now + 0.5
+            rate = n_events / (now - started)
+            print(f"\r  {core.policy_name}: {n_events:,} events, {rate:,.0f} events/s", end="", file=sys.stderr, flush=True)
         if expect is not None and outcome.directives:
             got = [directive_to_pb(d) for d in outcome.directives]
             want_record = next(expect, None)
@@ -116,6 +156,8 @@ def replay(
             mismatches += extra
             first = first or f"journal holds {extra} directives the replay never produced"
     seconds = time.perf_counter() - started
+    if progress:
+        print(f"\r  {core.policy_name}: {n_events:,} events in {seconds:.1f}s{' ' * 20}", file=sys.stderr, flush=True)
     tier_names = [t.name for t in core.tiers]
     return ReplayResult(
         policy=core.policy_name,
@@ -146,34 +188,59 @@ def replay_source(
     results = []
     for name in policies:
         check = verify and name == live_policy
-        results.append(replay(source.batches(), cfg, name, expected=source.directives() if check else None))
+        results.append(replay(journal_batches(source), cfg, name, expected=source.directives() if check else None))
     return results
 
 
-def format_table(results: list[ReplayResult]) -> str:
-    """A terminal table, one row per policy."""
-    headers = ["policy", "events", "accesses", "hit_rate", "dc_miss_rate", "demotions", "evictions", "prefetches", "MiB_moved", "verified"]
+def format_table(records: list[dict[str, Any]]) -> str:
+    """A terminal table, one row per record (policy, and capacity when it varies)."""
+    caps = [r.get("capacity_bytes") for r in records]
+    show_caps = len({str(c) for c in caps}) > 1
+    headers = ["policy"]
+    if show_caps:
+        headers.append("capacity")
+    headers += [
+        "events",
+        "accesses",
+        "hit_rate",
+        "prefix_hit",
+        "dc_miss_rate",
+        "demotions",
+        "evictions",
+        "prefetches",
+        "MiB_moved",
+        "verified",
+    ]
     rows = []
-    for r in results:
-        rec = r.as_record()
-        verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({r.mismatches})")
-        rows.append(
-            [
-                r.policy,
-                str(rec["events"]),
-                str(rec["accesses"]),
-                f"{rec['hit_rate']:.4f}",
-                f"{rec['dc_miss_rate']:.4f}",
-                str(rec["demotions"]),
-                str(rec["evictions"]),
-                str(rec["prefetches"]),
-                f"{rec['bytes_moved'] / 2**20:.1f}",
-                verified,
-            ]
-        )
+    for rec in records:
+        verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({rec['mismatches']})")
+        row = [rec["policy"]]
+        if show_caps:
+            row.append(_capacity_label(rec))
+        row += [
+            str(rec["events"]),
+            str(rec["accesses"]),
+            f"{rec['hit_rate']:.4f}",
+            f"{rec['prefix_hit_rate']:.4f}" if rec["prompt_blocks"] else "-",
+            f"{rec['dc_miss_rate']:.4f}" if rec["dc_accesses"] else "-",
+            str(rec["demotions"]),
+            str(rec["evictions"]),
+            str(rec["prefetches"]),
+            f"{rec['bytes_moved'] / 2**20:.1f}",
+            verified,
+        ]
+        rows.append(row)
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))]
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
     return "\n".join(lines)
+
+
+def _capacity_label(rec: dict[str, Any]) -> str:
+    tokens = rec.get("capacity_tokens")
+    first = next(iter(rec["capacity_bytes"]))
+    if tokens:
+        return f"{first}={tokens[first]:,}tok"
+    return f"{first}={rec['capacity_bytes'][first] / 2**30:.2f}GiB"

@@ -31,6 +31,9 @@ class CoreStats:
         "recomputes",
         "rejected_events",
         "reuses",
+        "prompt_blocks",
+        "prefix_hits_top",
+        "prefix_hits_any",
     )
 
     def __init__(self, tiers: int) -> None:
@@ -49,6 +52,11 @@ class CoreStats:
         self.prefetches = 0
         self.recomputes = 0
         self.reuses = 0
+        # Blocks prompts brought (new allocations + reuses), and how many the broker still
+        # had: in the top tier, and in any tier.
+        self.prompt_blocks = 0
+        self.prefix_hits_top = 0
+        self.prefix_hits_any = 0
         self.bytes_up = 0
         self.bytes_down = 0
         self.allocated_bytes = 0
@@ -68,6 +76,14 @@ class CoreStats:
     def dc_miss_rate(self) -> float:
         """Decode-critical misses per decode-critical access (not per block)."""
         return self.dc_misses / self.dc_accesses if self.dc_accesses else 0.0
+
+    def prefix_hit_rate(self) -> float:
+        """Of the prompt blocks requests brought, the fraction already in the top tier."""
+        return self.prefix_hits_top / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    def prefix_hit_rate_any(self) -> float:
+        """Of the prompt blocks requests brought, the fraction still held in any tier."""
+        return self.prefix_hits_any / self.prompt_blocks if self.prompt_blocks else 0.0
 
     def as_dict(self, tier_names: list[str]) -> dict[str, Any]:
         by_tier = {name: self.accesses_by_tier[i] for i, name in enumerate(tier_names)}
@@ -89,6 +105,10 @@ class CoreStats:
             "prefetches": self.prefetches,
             "recomputes": self.recomputes,
             "reuses": self.reuses,
+            "prompt_blocks": self.prompt_blocks,
+            "prefix_hits": self.prefix_hits_top,
+            "prefix_hit_rate": self.prefix_hit_rate(),
+            "prefix_hit_rate_any_tier": self.prefix_hit_rate_any(),
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "bytes_moved": self.bytes_up + self.bytes_down,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -81,6 +82,10 @@ class Block:
         "heap_version",
         "is_committed",
         "is_draft",
+        "reuse_window",
+        "recompute_ok",
+        "compression_ok",
+        "prefetch_ok",
         "last_access_us",
         "layer",
         "owner",
@@ -90,6 +95,7 @@ class Block:
         "priority",
         "recompute_cost_us",
         "released",
+        "refs",
         "request_id",
         "request_priority",
         "size",
@@ -111,6 +117,8 @@ class Block:
         self.tier = DROPPED
         self.pin_requested = False
         self.released = False
+        # References the engine holds; 0 means released (cached, evictable, unpinned).
+        self.refs = 1
         # Plain ints (the Priority / Phase numbers): events carry them as ints.
         self.priority: int = Priority.UNSPECIFIED
         self.phase: int = Phase.UNSPECIFIED
@@ -121,6 +129,11 @@ class Block:
         self.request_priority = DEFAULT_REQUEST_PRIORITY
         self.is_draft = False
         self.is_committed = False
+        # Tokens until the engine expects to read the block again (None: unknown).
+        self.reuse_window: int | None = None
+        self.recompute_ok = False
+        self.compression_ok = False
+        self.prefetch_ok = False
         self.parent_id = ""
         # Bit i set: the block may live in tier i. 0 means any tier.
         self.allowed_mask = 0
@@ -164,12 +177,42 @@ class TierInfo:
 
 
 class Clock:
-    """Event time in microseconds; the core advances it from event timestamps only."""
+    """Event time in microseconds, advanced from event timestamps only, and the ordinal of
+    the event being applied (0-based over the whole stream, rejected events included)."""
 
-    __slots__ = ("now_us",)
+    __slots__ = ("now_us", "event_index")
 
     def __init__(self, now_us: int = 0) -> None:
         self.now_us = now_us
+        self.event_index = -1
+
+
+class FutureUses:
+    """The future of a stream, for offline policies (Belady): where each block is used next.
+
+    Built by replay from the whole event stream before it runs: for every block id, the
+    ordinals of the events that use it (allocate or access it). A live broker has none.
+    """
+
+    NEVER = 1 << 62
+
+    def __init__(self, uses: dict[str, list[int]], clock: Clock) -> None:
+        self._uses = uses
+        self._next = dict.fromkeys(uses, 0)
+        self._clock = clock
+
+    def next_use(self, block_id: str) -> int:
+        """Ordinal of the first event after the current one that uses the block."""
+        uses = self._uses.get(block_id)
+        if uses is None:
+            return self.NEVER
+        i = self._next[block_id]
+        now = self._clock.event_index
+        # Amortised O(1): each use ordinal is stepped over once.
+        while i < len(uses) and uses[i] <= now:
+            i += 1
+        self._next[block_id] = i
+        return uses[i] if i < len(uses) else self.NEVER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +222,8 @@ class PolicyContext:
     tier: TierInfo
     tiers: tuple[TierInfo, ...]
     clock: Clock
+    # The stream's future: only in replay, only for offline policies.
+    future: FutureUses | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +274,11 @@ class Policy(ABC):
     def score(self, block: Block) -> float:
         """How strongly the policy wants to keep ``block`` (reported in directives)."""
         return 0.0
+
+    def after_access(self, block: Block) -> Iterable[str]:
+        """Called on the top tier's policy after every block access, wherever the block
+        was; returns ids of blocks to prefetch (a successor predictor's hook)."""
+        return ()
 
     def admit_prefetch(self, candidate: Block, victims: list[Block]) -> bool:
         """Whether moving ``candidate`` up is worth evicting ``victims``.

@@ -15,6 +15,7 @@ from policies.base import Policy, PolicyError
 BUILTIN: dict[str, str] = {
     "lru": "policies.lru:LRUPolicy",
     "priority_lru": "policies.priority_lru:PriorityLRUPolicy",
+    "belady": "policies.belady:BeladyPolicy",
 }
 
 

@@ -10,9 +10,9 @@ from broker.core import Core, Directive
 from kvbroker.v1 import intent_pb2 as pb
 
 
-def alloc(block_id: str, size: int = 100, ts: int = 0, tier: str = "", **intent: Any) -> pb.Event:
+def alloc(block_id: str, size: int = 100, ts: int = 0, tier: str = "", reuse: bool = False, **intent: Any) -> pb.Event:
     mi = pb.MemoryIntent(block_id=block_id, size_bytes=size, **intent)
-    return pb.Event(ts_us=ts, allocated=pb.BlockAllocated(intent=mi, tier=tier))
+    return pb.Event(ts_us=ts, allocated=pb.BlockAllocated(intent=mi, tier=tier, reuse=reuse))
 
 
 def access(*block_ids: str, ts: int = 0) -> pb.Event:

@@ -47,7 +47,7 @@ ACK_STATUS_DONE: AckStatus
 ACK_STATUS_FAILED: AckStatus
 
 class MemoryIntent(_message.Message):
-    __slots__ = ("block_id", "request_id", "phase", "priority", "deadline_us", "slack_us", "recompute_cost_us", "spill_cost_us", "size_bytes", "pin_requested", "is_draft", "is_committed", "tenant", "layer", "head_group", "token_start", "token_count", "allowed_tiers", "parent_block_id", "request_priority")
+    __slots__ = ("block_id", "request_id", "phase", "priority", "deadline_us", "slack_us", "recompute_cost_us", "spill_cost_us", "size_bytes", "pin_requested", "is_draft", "is_committed", "tenant", "layer", "head_group", "token_start", "token_count", "allowed_tiers", "parent_block_id", "request_priority", "expected_reuse_window_tokens", "recompute_ok", "compression_ok", "prefetch_ok")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,10 @@ class MemoryIntent(_message.Message):
     ALLOWED_TIERS_FIELD_NUMBER: _ClassVar[int]
     PARENT_BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REUSE_WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_OK_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_OK_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_OK_FIELD_NUMBER: _ClassVar[int]
     block_id: str
     request_id: str
     phase: Phase
@@ -88,24 +92,32 @@ class MemoryIntent(_message.Message):
     allowed_tiers: _containers.RepeatedScalarFieldContainer[str]
     parent_block_id: str
     request_priority: int
-    def __init__(self, block_id: _Optional[str] = ..., request_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., deadline_us: _Optional[int] = ..., slack_us: _Optional[int] = ..., recompute_cost_us: _Optional[int] = ..., spill_cost_us: _Optional[int] = ..., size_bytes: _Optional[int] = ..., pin_requested: _Optional[bool] = ..., is_draft: _Optional[bool] = ..., is_committed: _Optional[bool] = ..., tenant: _Optional[str] = ..., layer: _Optional[int] = ..., head_group: _Optional[int] = ..., token_start: _Optional[int] = ..., token_count: _Optional[int] = ..., allowed_tiers: _Optional[_Iterable[str]] = ..., parent_block_id: _Optional[str] = ..., request_priority: _Optional[int] = ...) -> None: ...
+    expected_reuse_window_tokens: int
+    recompute_ok: bool
+    compression_ok: bool
+    prefetch_ok: bool
+    def __init__(self, block_id: _Optional[str] = ..., request_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., deadline_us: _Optional[int] = ..., slack_us: _Optional[int] = ..., recompute_cost_us: _Optional[int] = ..., spill_cost_us: _Optional[int] = ..., size_bytes: _Optional[int] = ..., pin_requested: _Optional[bool] = ..., is_draft: _Optional[bool] = ..., is_committed: _Optional[bool] = ..., tenant: _Optional[str] = ..., layer: _Optional[int] = ..., head_group: _Optional[int] = ..., token_start: _Optional[int] = ..., token_count: _Optional[int] = ..., allowed_tiers: _Optional[_Iterable[str]] = ..., parent_block_id: _Optional[str] = ..., request_priority: _Optional[int] = ..., expected_reuse_window_tokens: _Optional[int] = ..., recompute_ok: _Optional[bool] = ..., compression_ok: _Optional[bool] = ..., prefetch_ok: _Optional[bool] = ...) -> None: ...
 
 class BlockAllocated(_message.Message):
-    __slots__ = ("intent", "tier")
+    __slots__ = ("intent", "tier", "reuse")
     INTENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    REUSE_FIELD_NUMBER: _ClassVar[int]
     intent: MemoryIntent
     tier: str
-    def __init__(self, intent: _Optional[_Union[MemoryIntent, _Mapping]] = ..., tier: _Optional[str] = ...) -> None: ...
+    reuse: bool
+    def __init__(self, intent: _Optional[_Union[MemoryIntent, _Mapping]] = ..., tier: _Optional[str] = ..., reuse: _Optional[bool] = ...) -> None: ...
 
 class BlocksAccessed(_message.Message):
-    __slots__ = ("block_ids",)
+    __slots__ = ("block_ids", "next_use_us")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_USE_US_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, block_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    next_use_us: int
+    def __init__(self, block_ids: _Optional[_Iterable[str]] = ..., next_use_us: _Optional[int] = ...) -> None: ...
 
 class IntentUpdated(_message.Message):
-    __slots__ = ("block_id", "phase", "priority", "deadline_us", "slack_us", "pin_requested", "is_committed", "is_draft", "recompute_cost_us", "clear_deadline")
+    __slots__ = ("block_id", "phase", "priority", "deadline_us", "slack_us", "pin_requested", "is_committed", "is_draft", "recompute_cost_us", "clear_deadline", "expected_reuse_window_tokens", "request_priority")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +128,8 @@ class IntentUpdated(_message.Message):
     IS_DRAFT_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTE_COST_US_FIELD_NUMBER: _ClassVar[int]
     CLEAR_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REUSE_WINDOW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     block_id: str
     phase: Phase
     priority: Priority
@@ -126,7 +140,9 @@ class IntentUpdated(_message.Message):
     is_draft: bool
     recompute_cost_us: int
     clear_deadline: bool
-    def __init__(self, block_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., deadline_us: _Optional[int] = ..., slack_us: _Optional[int] = ..., pin_requested: _Optional[bool] = ..., is_committed: _Optional[bool] = ..., is_draft: _Optional[bool] = ..., recompute_cost_us: _Optional[int] = ..., clear_deadline: _Optional[bool] = ...) -> None: ...
+    expected_reuse_window_tokens: int
+    request_priority: int
+    def __init__(self, block_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., deadline_us: _Optional[int] = ..., slack_us: _Optional[int] = ..., pin_requested: _Optional[bool] = ..., is_committed: _Optional[bool] = ..., is_draft: _Optional[bool] = ..., recompute_cost_us: _Optional[int] = ..., clear_deadline: _Optional[bool] = ..., expected_reuse_window_tokens: _Optional[int] = ..., request_priority: _Optional[int] = ...) -> None: ...
 
 class BlocksReleased(_message.Message):
     __slots__ = ("block_ids",)

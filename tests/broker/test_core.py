@@ -264,3 +264,42 @@ def test_the_same_stream_gives_the_same_directives(ops: list[tuple[str, int, int
     first = [x.key() for x in _run(policy, ops).directives]
     second = [x.key() for x in _run(policy, ops).directives]
     assert first == second
+
+
+def test_a_shared_block_needs_every_reference_released_before_it_is_evictable() -> None:
+    d = Driver(small_config("lru"))
+    d.send(alloc("sys", ts=0, request_id="r1", pin_requested=True))
+    # A second request with the same prefix takes another reference: a prefix hit.
+    out = d.send(alloc("sys", ts=1, request_id="r2", priority=DC, reuse=True))
+    assert out.rejections == []
+    block = d.core.blocks["sys"]
+    assert block.refs == 2 and block.priority == DC  # the most demanding intent wins
+    s = d.core.stats
+    assert (s.prompt_blocks, s.prefix_hits_top, s.prefix_hits_any) == (2, 1, 1)
+    d.send(release("sys", ts=2))
+    assert block.pinned and not block.released  # r2 still holds it
+    d.send(release("sys", ts=3))
+    assert block.released and not block.pinned and "sys" in d.core.tiers[0].policy
+    check_model(d)
+
+
+def test_an_access_can_carry_the_next_deadline_of_its_blocks() -> None:
+    d = Driver(small_config("priority_lru"))
+    d.send(alloc("a", ts=0), alloc("b", ts=0))
+    d.send(pb.Event(ts_us=10, accessed=pb.BlocksAccessed(block_ids=["a", "b"], next_use_us=1_010)))
+    assert d.core.blocks["a"].deadline_us == 1_010 and d.core.blocks["b"].deadline_us == 1_010
+    out = d.send(pb.Event(ts_us=11, accessed=pb.BlocksAccessed(block_ids=["a"], next_use_us=-1)))
+    assert out.rejections[0].field == "accessed.next_use_us"
+
+
+def test_prefix_hit_rate_counts_prompt_blocks_found_in_the_top_tier_and_in_any_tier() -> None:
+    d = Driver(small_config("lru"))
+    # Request 1 brings p0..p9 (all new), then releases them; p0 was pushed down to DRAM.
+    d.send(*(alloc(f"p{i}", ts=i) for i in range(10)), release(*(f"p{i}" for i in range(10)), ts=10))
+    assert d.where("p0") == "dram"
+    # Request 2 brings p0 (in DRAM), p9 (in HBM) and q (new).
+    d.send(alloc("p0", ts=20), alloc("p9", ts=20), alloc("q", ts=20))
+    s = d.core.stats
+    assert s.prompt_blocks == 13
+    assert (s.prefix_hits_top, s.prefix_hits_any) == (1, 2)
+    assert s.prefix_hit_rate() == 1 / 13

@@ -8,7 +8,7 @@ import dataclasses
 from broker.config import JournalConfig, parse_config
 from broker.demo_workload import DEMO_CONFIG, DemoWorkload
 from broker.journal import JournalSource
-from broker.replay import journal_config, replay, replay_source
+from broker.replay import journal_batches, journal_config, replay, replay_source
 from broker.server import start_broker
 from broker.service import directive_to_pb
 from clients.broker_client import BrokerClient
@@ -44,7 +44,7 @@ def replayed(source: JournalSource) -> list[dpb.Directive]:
     config = journal_config(source)
     assert config is not None
     sink: list = []
-    replay(source.batches(), config, config.policy.name, sink=sink)
+    replay(journal_batches(source), config, config.policy.name, sink=sink)
     return [directive_to_pb(d) for d in sink]
 
 
@@ -77,5 +77,5 @@ async def test_verification_catches_a_replay_that_differs(tmp_path) -> None:  # 
     assert config is not None
     # Replaying on smaller tiers cannot give the same directives: verification must say so.
     smaller = dataclasses.replace(config, tiers=(dataclasses.replace(config.tiers[0], capacity_bytes=64 * 2**20), *config.tiers[1:]))
-    result = replay(source.batches(), smaller, "priority_lru", expected=source.directives())
+    result = replay(journal_batches(source), smaller, "priority_lru", expected=source.directives())
     assert result.mismatches and result.first_mismatch

@@ -1,0 +1,92 @@
+"""What every trace importer shares: errors that name file, line and field; JSONL reading
+with an optional skip-and-count of bad lines; grouping events into batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from kvbroker.v1 import intent_pb2 as pb
+
+
+class TraceError(ValueError):
+    """A line of a trace is not what its format says; names the file, line and field."""
+
+    def __init__(self, path: str, line: int, field: str, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {field}: {reason}")
+        self.path = path
+        self.line = line
+        self.field = field
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class SkipCounter:
+    """With ``skip_bad``, bad lines are counted (and the first few kept) instead of raised."""
+
+    skip_bad: bool = False
+    skipped: int = 0
+    examples: list[str] = dataclasses.field(default_factory=list)
+
+    def bad(self, error: TraceError) -> None:
+        if not self.skip_bad:
+            raise error
+        self.skipped += 1
+        if len(self.examples) < 5:
+            self.examples.append(str(error))
+
+
+def read_jsonl(path: str, skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-empty line; a line that is not a JSON object is bad."""
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below; open errors are reported apart
+    except OSError as exc:
+        raise TraceError(path, 0, "file", exc.strerror or str(exc)) from exc
+    with f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                skips.bad(TraceError(path, number, "line", f"not JSON: {exc.msg}"))
+                continue
+            if not isinstance(obj, dict):
+                skips.bad(TraceError(path, number, "line", f"expected a JSON object, got {type(obj).__name__}"))
+                continue
+            yield number, obj
+
+
+def require_int(obj: dict[str, Any], key: str, path: str, line: int, *, minimum: int = 0, optional: bool = False) -> int | None:
+    """An integer field (floats with no fraction are accepted) >= minimum."""
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise TraceError(path, line, key, "required")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(path, line, key, f"expected an integer, got {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise TraceError(path, line, key, f"expected an integer, got {value!r}")
+        value = int(value)
+    if value < minimum:
+        raise TraceError(path, line, key, f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def batched(events: Iterable[pb.Event], client_id: str, max_events: int) -> Iterator[pb.IntentBatch]:
+    """Group events, in order, into IntentBatches of at most ``max_events``."""
+    seq = 0
+    chunk: list[pb.Event] = []
+    for event in events:
+        chunk.append(event)
+        if len(chunk) >= max_events:
+            seq += 1
+            yield pb.IntentBatch(client_id=client_id, batch_seq=seq, events=chunk)
+            chunk = []
+    if chunk:
+        seq += 1
+        yield pb.IntentBatch(client_id=client_id, batch_seq=seq, events=chunk)
