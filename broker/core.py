@@ -303,6 +303,7 @@ class Core:
         if block.request_id:
             self.by_request.setdefault(block.request_id, set()).add(block.block_id)
         self._attach(block, t)
+        self._link(block)
         self.stats.allocated_bytes += block.size
 
     def _reuse(self, block: Block, intent: Block) -> None:
@@ -312,8 +313,13 @@ class Core:
             self._unindex_request(block)
             if intent.request_id:
                 self.by_request.setdefault(intent.request_id, set()).add(block.block_id)
+        relink = block.parent_id != intent.parent_id
+        if relink:
+            self._unlink(block)
         for name in _INTENT_FIELDS:
             setattr(block, name, getattr(intent, name))
+        if relink:
+            self._link(block)
         block.released = False
         block.refs = 1
         self._repin(block, was_pinned)
@@ -342,6 +348,7 @@ class Core:
     def _count_prefix_use(self, block: Block) -> None:
         """A prompt brought a block the broker already had: a prefix hit if still resident."""
         stats = self.stats
+        block.reuses += 1
         stats.reuses += 1
         stats.prompt_blocks += 1
         if block.tier == 0:
@@ -438,6 +445,7 @@ class Core:
             if self.blocks.pop(block.block_id, None) is None:
                 continue  # listed twice in one event
             self._detach(block)
+            self._unlink(block)
             self._unindex_request(block)
             block.heap_version += 1
 
@@ -464,6 +472,26 @@ class Core:
             if not self._make_room(actual, block.size, {block_id}):
                 self.stats.overcommits += 1
             self._attach(block, actual)
+
+    def _link(self, block: Block) -> None:
+        """Count the block as a child of its parent; a parent stops being a chain tail."""
+        parent = self.blocks.get(block.parent_id) if block.parent_id else None
+        if parent is not None and parent is not block:
+            parent.children += 1
+            if parent.children == 1:
+                self._intent_changed(parent)
+
+    def _unlink(self, block: Block) -> None:
+        parent = self.blocks.get(block.parent_id) if block.parent_id else None
+        if parent is not None and parent is not block and parent.children > 0:
+            parent.children -= 1
+            if parent.children == 0:
+                self._intent_changed(parent)
+
+    def _intent_changed(self, block: Block) -> None:
+        """Tell the block's tier policy something it may order by has changed."""
+        if block.tier != DROPPED and not block.pinned:
+            self.tiers[block.tier].policy.update(block)
 
     def _unindex_request(self, block: Block) -> None:
         ids = self.by_request.get(block.request_id)

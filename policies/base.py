@@ -90,6 +90,8 @@ class Block:
         "layer",
         "owner",
         "parent_id",
+        "children",
+        "reuses",
         "phase",
         "pin_requested",
         "priority",
@@ -135,6 +137,10 @@ class Block:
         self.compression_ok = False
         self.prefetch_ok = False
         self.parent_id = ""
+        # Live blocks whose parent_id is this block (the core keeps it): 0 = a chain tail.
+        self.children = 0
+        # Times a later prompt brought this block again (prefix reuse or a shared reference).
+        self.reuses = 0
         # Bit i set: the block may live in tier i. 0 means any tier.
         self.allowed_mask = 0
         self.created_us = 0

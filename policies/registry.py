@@ -16,6 +16,14 @@ BUILTIN: dict[str, str] = {
     "lru": "policies.lru:LRUPolicy",
     "priority_lru": "policies.priority_lru:PriorityLRUPolicy",
     "belady": "policies.belady:BeladyPolicy",
+    "prefix_aware": "policies.prefix_aware:PrefixAwarePolicy",
+    "fifo": "policies.fifo:FIFOPolicy",
+    "lfu": "policies.lfu:LFUPolicy",
+    "two_queue": "policies.two_queue:TwoQueuePolicy",
+    "arc": "policies.arc:ARCPolicy",
+    "s3fifo": "policies.s3fifo:S3FIFOPolicy",
+    "sieve": "policies.sieve:SievePolicy",
+    "lru_k": "policies.lru_k:LRUKPolicy",
 }
 
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 import collections
 import heapq
 import json
+import os
 import pathlib
 
-MOONCAKE = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
-if not MOONCAKE.exists():  # a clone next to shared/ (CI) or the main work tree
-    MOONCAKE = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+# The project's reference data lives in shared/ beside the repository (CI clones next to it);
+# KVBROKER_SHARED_DATA points elsewhere.
+SHARED_DATA = pathlib.Path(os.environ.get("KVBROKER_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl"
+assert MOONCAKE.exists(), f"reference trace missing: {MOONCAKE} (set KVBROKER_SHARED_DATA to shared/data)"
 
 
 def block_sequence() -> list[int]:
