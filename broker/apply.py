@@ -18,6 +18,7 @@ _PHASES = frozenset(pb.Phase.values())
 _PRIORITIES = frozenset(pb.Priority.values())
 _ACK_DONE = pb.ACK_STATUS_DONE
 _ACK_FAILED = pb.ACK_STATUS_FAILED
+_DC = pb.PRIORITY_DECODE_CRITICAL
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,10 +105,15 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
         raise EventError("allocated.intent.priority", f"unknown enum value {intent.priority}")
     block = Block(intent.block_id, intent.size_bytes, request_id=intent.request_id, tenant=intent.tenant)
     block.owner = owner
-    block.phase = intent.phase
-    block.priority = intent.priority
-    block.deadline_us = _non_negative(intent, "deadline_us")
-    block.slack_us = _non_negative(intent, "slack_us")
+    deadline = _non_negative(intent, "deadline_us")
+    slack = _non_negative(intent, "slack_us")
+    block.critical = intent.priority == _DC
+    block.due_us = deadline
+    if not core.ablate_intent:
+        block.phase = intent.phase
+        block.priority = intent.priority
+        block.deadline_us = deadline
+        block.slack_us = slack
     block.recompute_cost_us = _non_negative(intent, "recompute_cost_us")
     block.spill_cost_us = _non_negative(intent, "spill_cost_us")
     if intent.HasField("request_priority"):
@@ -182,21 +188,25 @@ def _intent_updated(core: Core, event: pb.Event, client: str) -> None:
             raise EventError(f"intent_updated.{name}", f"must be >= 0, got {getattr(upd, name)}")
     if upd.HasField("request_priority") and upd.request_priority > 100:
         raise EventError("intent_updated.request_priority", f"must be in 0..100, got {upd.request_priority}")
-    core.update(block, _updater(upd, phase, priority))
+    core.update(block, _updater(upd, phase, priority, core.ablate_intent))
 
 
-def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None) -> Callable[[Block], None]:
+def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None, ablate: bool) -> Callable[[Block], None]:
     def apply(block: Block) -> None:
-        if phase is not None:
-            block.phase = phase
         if priority is not None:
-            block.priority = priority
+            block.critical = priority == _DC
         if upd.clear_deadline:
-            block.deadline_us = None
+            block.due_us = None
         elif upd.HasField("deadline_us"):
-            block.deadline_us = upd.deadline_us
-        if upd.HasField("slack_us"):
-            block.slack_us = upd.slack_us
+            block.due_us = upd.deadline_us
+        if not ablate:
+            if phase is not None:
+                block.phase = phase
+            if priority is not None:
+                block.priority = priority
+            block.deadline_us = block.due_us
+            if upd.HasField("slack_us"):
+                block.slack_us = upd.slack_us
         if upd.HasField("recompute_cost_us"):
             block.recompute_cost_us = upd.recompute_cost_us
         if upd.HasField("pin_requested"):

@@ -109,6 +109,8 @@ def _write_csv(records: list[dict[str, Any]], target: str) -> None:
     for rec in records:
         row: dict[str, Any] = {}
         for key, value in rec.items():
+            if key == "latency_hist":
+                continue  # buckets, not a column: in --json
             if isinstance(value, dict):
                 for sub_key, sub_value in value.items():
                     row[f"{key}.{sub_key}"] = sub_value
@@ -134,7 +136,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from broker.journal import JournalError, open_source
     from broker.replay import format_table, journal_config
     from broker.sweep import Job, Source, run_jobs, single_tier
-    from clients.traces import TraceError, TraceOptions
+    from clients.traces import TraceError
     from policies import registry
     from policies.base import PolicyError
 
@@ -148,7 +150,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
         return 2
-    options = TraceOptions(decode=not args.no_decode, bytes_per_token=args.bytes_per_token, tpot_us=args.tpot_us, skip_bad=args.skip_bad)
+    options = _trace_options(args)
     live_policy = None
     try:
         if args.journal:
@@ -181,8 +183,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"kvbroker replay: the config has {len(base.tiers)} tier(s); cannot size tier {max(combo) + 1}", file=sys.stderr)
                 return 2
             tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
-            config = dataclasses.replace(base, tiers=tiers)
+            config = dataclasses.replace(base, tiers=tiers, quant=args.quant or base.quant)
             jobs.extend(Job(source, name, config, verify=args.verify and name == live_policy) for name in policies)
+            if args.ablate_intent:
+                bare = dataclasses.replace(source, ablate_intent=True)
+                jobs.extend(Job(bare, name, config) for name in policies)
         workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
         records = run_jobs(jobs, workers)
     except (JournalError, TraceError, PolicyError) as exc:
@@ -190,6 +195,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     if args.csv:
         _write_csv(records, args.csv)
+    if args.plot:
+        from broker.plots import write_plots
+
+        for path in write_plots(records, args.plot, title=os.path.basename(args.trace or args.journal)):
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(records, indent=2))
     elif args.csv != "-":
@@ -211,9 +221,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from broker.journal import file_path
     from broker.journal.records import MAGIC, JournalRecord, RecordKind, encode
-    from clients.traces import SkipCounter, TraceError, TraceOptions, read_trace
+    from clients.traces import SkipCounter, TraceError, read_trace
 
-    options = TraceOptions(decode=not args.no_decode, bytes_per_token=args.bytes_per_token, tpot_us=args.tpot_us, skip_bad=args.skip_bad)
+    options = _trace_options(args)
     skips = SkipCounter(args.skip_bad)
     out = file_path(args.out)
     batches = events = 0
@@ -257,15 +267,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
 
 
+def _trace_options(args: argparse.Namespace) -> Any:
+    from clients.traces import TraceOptions
+
+    return TraceOptions(
+        decode=not args.no_decode,
+        bytes_per_token=args.bytes_per_token,
+        tpot_us=args.tpot_us,
+        skip_bad=args.skip_bad,
+        us_per_step=args.us_per_step,
+        block_tokens=args.block_tokens,
+        model=args.model,
+    )
+
+
 def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
     from clients.traces import TraceOptions
 
     p.add_argument("--trace", required=required, help="trace file to import")
-    p.add_argument("--format", required=required, help="trace format: mooncake")
+    p.add_argument("--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests")
     p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
     p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
     p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
     p.add_argument("--skip-bad", action="store_true", help="count and skip bad lines instead of stopping at the first")
+    p.add_argument("--us-per-step", type=int, default=TraceOptions.us_per_step, help="kvds-events: event time of one seed step (µs)")
+    p.add_argument("--block-tokens", type=int, default=TraceOptions.block_tokens, help="kvds-requests: tokens per KV block")
+    p.add_argument("--model", default=TraceOptions.model, help="kvds-requests: model of requests that name none")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,9 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dram", help="second tier capacities to sweep")
     p.add_argument("--nvme", help="third tier capacities to sweep")
     p.add_argument("--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count)")
+    p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
+    p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
     p.add_argument("--json", action="store_true", help="a JSON array, one record per (policy, capacity)")
     p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
+    p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="convert a trace into a journal file that replay reads")
@@ -306,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="file://PATH of the journal to write")
     p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
     p.set_defaults(func=cmd_import)
+
+    from broker import cli_size
+
+    cli_size.add_parser(sub)
 
     p = sub.add_parser("policies", help="list the policies with their parameters")
     p.add_argument("--json", action="store_true")

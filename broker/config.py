@@ -59,6 +59,8 @@ class TierConfig:
     bandwidth_gb_per_s: float
     high_watermark: float = 0.95
     low_watermark: float = 0.90
+    # Copies out of this tier that can run at once; more queue (the cost model's contention).
+    channels: int = 2
 
     @property
     def bandwidth_bytes_per_us(self) -> float:
@@ -107,6 +109,14 @@ class CoreConfig:
     prefetch_margin_us: int = 500
     # Outstanding (unacknowledged) directives remembered for acks; the oldest are forgotten.
     max_outstanding_directives: int = 1_000_000
+    # Cost model: time to recompute a dropped block whose intent gives no recompute cost.
+    recompute_us: int = 5_000
+    # KV quantization: scales block footprints and adds a dequantization time per transfer.
+    quant: str = "fp16"
+
+
+# bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
+QUANT: dict[str, tuple[float, int]] = {"fp16": (1.0, 0), "fp8": (0.5, 10), "int4": (0.25, 30), "int2": (0.125, 60)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +187,10 @@ def _tier(raw: Any, i: int) -> TierConfig:
     bandwidth = _take(t, "bandwidth_gb_per_s", where, float, 25.0)
     high = _take(t, "high_watermark", where, float, 0.95)
     low = _take(t, "low_watermark", where, float, 0.90)
+    channels = _take(t, "channels", where, int, 2)
     _no_extra(t, where)
+    if channels < 1:
+        raise ConfigError(f"{where}channels: must be >= 1, got {channels}")
     if latency < 0:
         raise ConfigError(f"{where}read_latency_us: must be >= 0, got {latency}")
     if bandwidth <= 0:
@@ -186,7 +199,7 @@ def _tier(raw: Any, i: int) -> TierConfig:
         raise ConfigError(f"{where}high_watermark: must be in (0, 1], got {high}")
     if not 0 < low <= high:
         raise ConfigError(f"{where}low_watermark: must be in (0, high_watermark={high}], got {low}")
-    return TierConfig(name, capacity, latency, bandwidth, high, low)
+    return TierConfig(name, capacity, latency, bandwidth, high, low, channels)
 
 
 def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
@@ -216,6 +229,15 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     params = _take(pol, "params", "policy.", dict, {})
     _no_extra(pol, "policy.")
 
+    cost = _table(root, "cost")
+    recompute_us = _take(cost, "recompute_us", "cost.", int, 5_000)
+    quant = _take(cost, "quant", "cost.", str, "fp16")
+    _no_extra(cost, "cost.")
+    if recompute_us < 0:
+        raise ConfigError(f"cost.recompute_us: must be >= 0, got {recompute_us}")
+    if quant not in QUANT:
+        raise ConfigError(f"cost.quant: unknown {quant!r} (one of {', '.join(QUANT)})")
+
     pre = _table(root, "prefetch")
     margin = _take(pre, "margin_us", "prefetch.", int, 500)
     _no_extra(pre, "prefetch.")
@@ -238,7 +260,13 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
     _no_extra(root, "")
 
-    core = CoreConfig(tiers=tiers, policy=PolicyConfig(policy_name, dict(params)), prefetch_margin_us=margin)
+    core = CoreConfig(
+        tiers=tiers,
+        policy=PolicyConfig(policy_name, dict(params)),
+        prefetch_margin_us=margin,
+        recompute_us=recompute_us,
+        quant=quant,
+    )
     config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal)
     validate_policy(core)
     return config

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
 
-from broker.config import CoreConfig
+from broker.config import QUANT, CoreConfig
 from broker.stats import CoreStats
 from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, TierInfo
 from policies.registry import make_params, policy_class
@@ -93,10 +93,20 @@ class TierState:
 class Core:
     """Residency state plus one policy instance per tier."""
 
-    def __init__(self, config: CoreConfig, *, generation: int = 1, future_uses: dict[str, list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        config: CoreConfig,
+        *,
+        generation: int = 1,
+        future_uses: dict[str, list[int]] | None = None,
+        ablate_intent: bool = False,
+    ) -> None:
         """``future_uses`` (block id -> ordinals of the events that use it) is given by
-        replay only; offline policies such as belady need it and are refused without it."""
+        replay only; offline policies such as belady need it and are refused without it.
+        ``ablate_intent`` (replay only) hides phase, priority, deadline and slack from the
+        model and its policies while reports still count against them."""
         self.config = config
+        self.ablate_intent = ablate_intent
         self.generation = generation
         self.clock = Clock()
         cls = policy_class(config.policy.name)
@@ -122,6 +132,9 @@ class Core:
         # Prefetch: (latest start time, tiebreak, version, block id); stale entries skipped.
         self._prefetch_heap: list[tuple[float, int, int, str]] = []
         self._heap_seq = 0
+        # Cost model: per source tier, when each copy channel is next free (a min-heap).
+        self._channels = [[0] * t.channels for t in config.tiers]
+        self._scale, self._dequant_us = QUANT[config.quant]
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
         self._proposing = type(top).after_access is not Policy.after_access
@@ -208,12 +221,14 @@ class Core:
         tier = self.tiers[t]
         after = tier.used + incoming
         if after <= tier.high_bytes:
-            return True
+            # Nothing must leave, but a prefetch is still the policy's call (its own rules,
+            # e.g. the engine's prefetch_ok, apply with or without victims).
+            return admit([]) if admit is not None else True
         victims = tier.policy.choose_victims(after - tier.low_bytes, protected)
         if victims is None:
             need = after - tier.capacity
             if need <= 0:
-                return True
+                return admit([]) if admit is not None else True
             victims = tier.policy.choose_victims(need, protected)
             if victims is None:
                 return False
@@ -287,6 +302,8 @@ class Core:
                     "ALREADY_EXISTS",
                 )
             return
+        if self._scale != 1.0:
+            block.size = max(1, int(block.size * self._scale))
         self.stats.prompt_blocks += 1
         if not block.allowed_in(t):
             raise EventError("allocated.tier", f"tier {self.tiers[t].name!r} is not in the block's allowed_tiers")
@@ -316,8 +333,7 @@ class Core:
         relink = block.parent_id != intent.parent_id
         if relink:
             self._unlink(block)
-        for name in _INTENT_FIELDS:
-            setattr(block, name, getattr(intent, name))
+        _take_intent(block, intent)
         if relink:
             self._link(block)
         block.released = False
@@ -338,6 +354,9 @@ class Core:
         block.pin_requested = block.pin_requested or intent.pin_requested
         if intent.deadline_us is not None and (block.deadline_us is None or intent.deadline_us < block.deadline_us):
             block.deadline_us = intent.deadline_us
+        block.critical = block.critical or intent.critical
+        if intent.due_us is not None and (block.due_us is None or intent.due_us < block.due_us):
+            block.due_us = intent.due_us
         if not self._repin(block, was_pinned) and block.tier != DROPPED and not block.pinned:
             self.tiers[block.tier].policy.update(block)
         self._count_prefix_use(block)
@@ -364,7 +383,7 @@ class Core:
             self._touch(block, protected)
         if next_use_us is not None:
             for block in blocks:
-                self.update(block, _set_deadline(next_use_us))
+                self.update(block, _set_deadline(next_use_us, self.ablate_intent))
         if self._proposing:
             top = self.tiers[0].policy
             for block in blocks:
@@ -373,33 +392,58 @@ class Core:
                     if candidate is not None and candidate.tier > 0 and block_id not in protected:
                         self._prefetch(candidate, "predicted next access", 0)
 
+    def _transfer(self, src: int, size: int) -> int:
+        """Book a copy out of tier ``src`` on its first free channel; returns when it ends."""
+        channels = self._channels[src]
+        start = max(self.clock.now_us, heapq.heappop(channels))
+        end = start + int(self.tiers[src].info.transfer_us(size)) + self._dequant_us
+        heapq.heappush(channels, end)
+        return end
+
     def _touch(self, block: Block, protected: AbstractSet[str]) -> None:
+        """One read of a block: count where it was served from, what it cost, and bring it
+        to its top allowed tier (the engine had to, to use it)."""
         stats = self.stats
         now = self.clock.now_us
         block.accesses += 1
         block.last_access_us = now
         src = block.tier
         stats.accesses_by_tier[src] += 1
-        critical = block.priority == _DECODE_CRITICAL
+        critical = block.critical
         if critical:
             stats.dc_accesses += 1
         top = self._top_allowed(block)
         if src == top:
+            latency = block.ready_us - now if block.ready_us > now else 0
             if not block.pinned:
                 self.tiers[src].policy.access(block)
-            return
-        if critical:
-            stats.dc_misses += 1
-        # The engine had to bring the block up to use it: a reload, or a recompute if dropped.
-        for t in range(top, len(self.tiers) if src == DROPPED else src):
-            if block.allowed_in(t) and self._move(block, t, protected):
-                if src == DROPPED:
-                    stats.recomputes += 1
-                else:
-                    stats.bytes_up += block.size
-                return
-        if src != DROPPED and not block.pinned:
-            self.tiers[src].policy.access(block)
+        else:
+            if critical:
+                stats.dc_misses += 1
+            if src == DROPPED:
+                latency = block.recompute_cost_us if block.recompute_cost_us is not None else self.config.recompute_us
+            else:
+                latency = self._transfer(src, block.size) - now
+            block.ready_us = now + latency
+            # A reload, or a recompute if it had been dropped.
+            for t in range(top, len(self.tiers) if src == DROPPED else src):
+                if block.allowed_in(t) and self._move(block, t, protected):
+                    if src == DROPPED:
+                        stats.recomputes += 1
+                    else:
+                        stats.bytes_up += block.size
+                    break
+            else:
+                if src != DROPPED and not block.pinned:
+                    self.tiers[src].policy.access(block)
+        stats.record_latency(latency)
+        deadline = block.due_us
+        if deadline is not None:
+            stats.deadline_accesses += 1
+            # Late if the data is ready after the announced time (or after the access, if
+            # the engine asked later than it announced), plus the slack it tolerates.
+            if now + latency > max(deadline, now) + (block.slack_us or 0):
+                stats.deadline_misses += 1
 
     def update(self, block: Block, apply: Callable[[Block], None]) -> None:
         """Intent changed: ``apply`` sets the new fields; pins and policy order follow."""
@@ -541,6 +585,7 @@ class Core:
         policy = self.tiers[top].policy
         admit = lambda victims: policy.admit_prefetch(block, victims)  # noqa: E731
         if self._make_room(top, block.size, {block.block_id}, admit):
+            block.ready_us = self._transfer(src, block.size)
             self._detach(block)
             self._attach(block, top)
             self.stats.prefetches += 1
@@ -563,37 +608,40 @@ class Core:
         return self.tiers[t].name if t >= 0 else ""
 
 
-def _set_deadline(deadline_us: int) -> Callable[[Block], None]:
+def _set_deadline(deadline_us: int, ablate: bool) -> Callable[[Block], None]:
     def apply(block: Block) -> None:
-        block.deadline_us = deadline_us
+        block.due_us = deadline_us
+        if not ablate:
+            block.deadline_us = deadline_us
 
     return apply
 
 
-_DECODE_CRITICAL = 4
-# Intent fields a reused block takes from its new allocation.
-_INTENT_FIELDS = (
-    "owner",
-    "request_id",
-    "tenant",
-    "pin_requested",
-    "priority",
-    "phase",
-    "deadline_us",
-    "slack_us",
-    "recompute_cost_us",
-    "spill_cost_us",
-    "request_priority",
-    "is_draft",
-    "is_committed",
-    "reuse_window",
-    "recompute_ok",
-    "compression_ok",
-    "prefetch_ok",
-    "parent_id",
-    "allowed_mask",
-    "layer",
-    "head_group",
-    "token_start",
-    "token_count",
-)
+def _take_intent(block: Block, intent: Block) -> None:
+    """A reused block takes the intent of its new allocation (written out: this runs for
+    every prefix reuse, and a getattr/setattr loop costs several times more)."""
+    block.owner = intent.owner
+    block.request_id = intent.request_id
+    block.tenant = intent.tenant
+    block.pin_requested = intent.pin_requested
+    block.priority = intent.priority
+    block.phase = intent.phase
+    block.deadline_us = intent.deadline_us
+    block.critical = intent.critical
+    block.due_us = intent.due_us
+    block.slack_us = intent.slack_us
+    block.recompute_cost_us = intent.recompute_cost_us
+    block.spill_cost_us = intent.spill_cost_us
+    block.request_priority = intent.request_priority
+    block.is_draft = intent.is_draft
+    block.is_committed = intent.is_committed
+    block.reuse_window = intent.reuse_window
+    block.recompute_ok = intent.recompute_ok
+    block.compression_ok = intent.compression_ok
+    block.prefetch_ok = intent.prefetch_ok
+    block.parent_id = intent.parent_id
+    block.allowed_mask = intent.allowed_mask
+    block.layer = intent.layer
+    block.head_group = intent.head_group
+    block.token_start = intent.token_start
+    block.token_count = intent.token_count

@@ -63,6 +63,14 @@ class ReplayResult:
             "bytes_moved": m["bytes_moved"],
             "directives": self.directives,
             "rejected_events": m["rejected_events"],
+            "p50_us": m["p50_us"],
+            "p95_us": m["p95_us"],
+            "p99_us": m["p99_us"],
+            "mean_us": m["mean_us"],
+            "deadline_accesses": m["deadline_accesses"],
+            "deadline_misses": m["deadline_misses"],
+            "deadline_miss_rate": m["deadline_miss_rate"],
+            "latency_hist": {str(k): v for k, v in sorted(m["latency_hist"].items())},
             "events_per_s": self.events / self.seconds if self.seconds > 0 else 0.0,
             "verified": None if self.mismatches is None else self.mismatches == 0,
             "mismatches": self.mismatches,
@@ -113,6 +121,7 @@ def replay(
     expected: Iterable[JournalRecord] | None = None,
     sink: list[Directive] | None = None,
     progress: bool = False,
+    ablate_intent: bool = False,
 ) -> ReplayResult:
     """Run the batches through a fresh core with ``policy``.
 
@@ -122,7 +131,7 @@ def replay(
     """
     core_config = dataclasses.replace(config, policy=PolicyConfig(policy, dict(params or {})))
     offline = policy_class(policy).offline
-    core = Core(core_config, future_uses=future_uses(batches) if offline else None)
+    core = Core(core_config, future_uses=future_uses(batches) if offline else None, ablate_intent=ablate_intent)
     expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
     mismatches = 0
     first = ""
@@ -199,22 +208,12 @@ def format_table(records: list[dict[str, Any]]) -> str:
     headers = ["policy"]
     if show_caps:
         headers.append("capacity")
-    headers += [
-        "events",
-        "accesses",
-        "hit_rate",
-        "prefix_hit",
-        "dc_miss_rate",
-        "demotions",
-        "evictions",
-        "prefetches",
-        "MiB_moved",
-        "verified",
-    ]
+    headers += ["events", "accesses", "hit_rate", "prefix_hit", "dc_miss", "dl_miss", "p50_us", "p99_us"]
+    headers += ["demotes", "drops", "prefetch", "MiB_moved", "verified"]
     rows = []
     for rec in records:
         verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({rec['mismatches']})")
-        row = [rec["policy"]]
+        row = [rec["policy"] + (" -intent" if rec.get("intent") == "stripped" else "")]
         if show_caps:
             row.append(_capacity_label(rec))
         row += [
@@ -223,6 +222,9 @@ def format_table(records: list[dict[str, Any]]) -> str:
             f"{rec['hit_rate']:.4f}",
             f"{rec['prefix_hit_rate']:.4f}" if rec["prompt_blocks"] else "-",
             f"{rec['dc_miss_rate']:.4f}" if rec["dc_accesses"] else "-",
+            f"{rec['deadline_miss_rate']:.4f}" if rec["deadline_accesses"] else "-",
+            str(rec["p50_us"]),
+            str(rec["p99_us"]),
             str(rec["demotions"]),
             str(rec["evictions"]),
             str(rec["prefetches"]),

@@ -27,6 +27,10 @@ class CoreStats:
         "events",
         "evictions",
         "overcommits",
+        "latency_hist",
+        "latency_total_us",
+        "deadline_accesses",
+        "deadline_misses",
         "prefetches",
         "recomputes",
         "rejected_events",
@@ -63,6 +67,35 @@ class CoreStats:
         self.acks_done = 0
         self.acks_failed = 0
         self.overcommits = 0
+        # Simulated access latency (µs) by bucket: exact below 4096 µs, then 64 buckets per
+        # power of two (under 1.6% apart), so percentiles cost no per-access storage.
+        self.latency_hist: dict[int, int] = {}
+        self.latency_total_us = 0
+        self.deadline_accesses = 0
+        self.deadline_misses = 0
+
+    def record_latency(self, latency_us: int) -> None:
+        if latency_us < 4096:
+            key = latency_us
+        else:
+            shift = latency_us.bit_length() - 7
+            key = (latency_us >> shift) << shift
+        hist = self.latency_hist
+        hist[key] = hist.get(key, 0) + 1
+        self.latency_total_us += latency_us
+
+    def latency_percentile(self, q: float) -> int:
+        """The latency (µs, bucket floor) under which a fraction ``q`` of accesses fall."""
+        total = sum(self.latency_hist.values())
+        if not total:
+            return 0
+        rank = q * total
+        seen = 0
+        for key in sorted(self.latency_hist):
+            seen += self.latency_hist[key]
+            if seen >= rank:
+                return key
+        return max(self.latency_hist)
 
     @property
     def accesses(self) -> int:
@@ -115,4 +148,12 @@ class CoreStats:
             "acks_done": self.acks_done,
             "acks_failed": self.acks_failed,
             "overcommits": self.overcommits,
+            "p50_us": self.latency_percentile(0.50),
+            "p95_us": self.latency_percentile(0.95),
+            "p99_us": self.latency_percentile(0.99),
+            "mean_us": self.latency_total_us / self.accesses if self.accesses else 0.0,
+            "deadline_accesses": self.deadline_accesses,
+            "deadline_misses": self.deadline_misses,
+            "deadline_miss_rate": self.deadline_misses / self.deadline_accesses if self.deadline_accesses else 0.0,
+            "latency_hist": dict(self.latency_hist),
         }

@@ -47,6 +47,8 @@ class Source:
     trace: str | None = None
     fmt: str | None = None
     options: TraceOptions = dataclasses.field(default_factory=TraceOptions)
+    # Replay with the engine's intent stripped (phase, priority, deadline): --ablate-intent.
+    ablate_intent: bool = False
 
     def batches(self) -> tuple[BatchSource, SkipCounter]:
         skips = SkipCounter(self.options.skip_bad)
@@ -90,12 +92,13 @@ def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
     expected = None
     if job.verify and job.source.journal is not None:
         expected = JournalSource(job.source.journal, job.source.stream).directives()
-    result = replay(batches, job.config, job.policy, expected=expected, progress=progress)
+    result = replay(batches, job.config, job.policy, expected=expected, progress=progress, ablate_intent=job.source.ablate_intent)
     record = result.as_record()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token
     record["capacity_tokens"] = {t.name: t.capacity_bytes // bpt for t in job.config.tiers} if job.source.journal is None else None
     record["skipped_lines"] = skips.skipped
+    record["intent"] = "stripped" if job.source.ablate_intent else "full"
     record["seconds"] = result.seconds
     if result.first_mismatch:
         record["first_mismatch"] = result.first_mismatch
@@ -123,4 +126,5 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
 
 
 def _caps(job: Job) -> str:
-    return " ".join(f"{t.name}={t.capacity_bytes / 2**30:.2f}GiB" for t in job.config.tiers)
+    suffix = " (intent stripped)" if job.source.ablate_intent else ""
+    return " ".join(f"{t.name}={t.capacity_bytes / 2**30:.2f}GiB" for t in job.config.tiers) + suffix

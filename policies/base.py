@@ -80,6 +80,7 @@ class Block:
         "deadline_us",
         "head_group",
         "heap_version",
+        "ready_us",
         "is_committed",
         "is_draft",
         "reuse_window",
@@ -92,6 +93,8 @@ class Block:
         "parent_id",
         "children",
         "reuses",
+        "critical",
+        "due_us",
         "phase",
         "pin_requested",
         "priority",
@@ -141,6 +144,11 @@ class Block:
         self.children = 0
         # Times a later prompt brought this block again (prefix reuse or a shared reference).
         self.reuses = 0
+        # What the engine said, for measurement only: marked DECODE_CRITICAL, and its
+        # deadline. Equal to priority/deadline_us, except in an intent ablation, where
+        # policies see no intent but reports still count against what the engine knew.
+        self.critical = False
+        self.due_us: int | None = None
         # Bit i set: the block may live in tier i. 0 means any tier.
         self.allowed_mask = 0
         self.created_us = 0
@@ -152,6 +160,8 @@ class Block:
         self.token_count = 0
         # Bumped whenever the block's prefetch key changes, so stale heap entries are skipped.
         self.heap_version = 0
+        # Event time at which the block is usable where it is (a transfer may be in flight).
+        self.ready_us = 0
 
     @property
     def pinned(self) -> bool:

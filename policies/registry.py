@@ -24,6 +24,15 @@ BUILTIN: dict[str, str] = {
     "s3fifo": "policies.s3fifo:S3FIFOPolicy",
     "sieve": "policies.sieve:SievePolicy",
     "lru_k": "policies.lru_k:LRUKPolicy",
+    "hotcold": "policies.hotcold:HotColdPolicy",
+    "predictive_hotness": "policies.predictive_hotness:PredictiveHotnessPolicy",
+    "intent_aware": "policies.intent_aware:IntentAwarePolicy",
+    "deadline_aware": "policies.deadline_aware:DeadlineAwarePolicy",
+    "windowed_recency": "policies.windowed_recency:WindowedRecencyPolicy",
+    "heavy_hitter": "policies.heavy_hitter:HeavyHitterPolicy",
+    "cost_aware": "policies.cost_aware:CostAwarePolicy",
+    "markov_prefetch": "policies.markov_prefetch:MarkovPrefetchPolicy",
+    "regret_aware": "policies.regret_aware:RegretAwarePolicy",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
+from clients.traces import kvds
 from clients.traces.base import SkipCounter, TraceError
 from clients.traces.mooncake import MooncakeOptions, read_mooncake
 from kvbroker.v1 import intent_pb2 as pb
@@ -25,6 +26,12 @@ class TraceOptions:
     tpot_us: int = MooncakeOptions.tpot_us
     batch_events: int = 512
     skip_bad: bool = False
+    # kvds-events: event time of one seed step, in microseconds.
+    us_per_step: int = 1000
+    # kvds-requests: tokens per KV block (Mooncake's is fixed at 512 by its hash ids) and the
+    # model of requests that name none (their blocks are sized from it, not bytes_per_token).
+    block_tokens: int = 16
+    model: str = "llama-3-8b"
 
 
 def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
@@ -34,6 +41,8 @@ def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.
 
 FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.IntentBatch]]] = {
     "mooncake": _mooncake,
+    "kvds-events": kvds.events_format,
+    "kvds-requests": kvds.requests_format,
 }
 
 

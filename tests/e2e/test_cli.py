@@ -30,7 +30,7 @@ def test_demo_runs_a_broker_and_prints_the_comparison_table() -> None:
     assert done.returncode == 0, done.stderr + done.stdout
     out = done.stdout
     assert "broker listening on 127.0.0.1:" in out
-    assert "policy" in out and "hit_rate" in out and "dc_miss_rate" in out
+    assert "policy" in out and "hit_rate" in out and "dc_miss" in out and "p99_us" in out
     assert "lru" in out and "priority_lru" in out
     assert "reproduced all" in out
 

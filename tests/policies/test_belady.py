@@ -32,4 +32,4 @@ def test_belady_evicts_the_block_whose_next_use_is_farthest() -> None:
     # LRU evicts a (the oldest) and then misses it at step 5.
     lru_sink: list = []
     replay(lambda: ((1, b) for b in batches), config, "lru", sink=lru_sink)
-    assert [x.block_id for x in lru_sink][0] == "a"
+    assert lru_sink[0].block_id == "a"

@@ -1,0 +1,144 @@
+"""intent_aware: kv_deadline_scheduler's IntentAware policy (a weighted sum of intent terms)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from policies.base import Block, Phase, Priority
+from policies.scored import Key, ScoredPolicy, recency, until_deadline
+
+# Priority terms of the eviction score and of the risk; UNSPECIFIED counts as WARM.
+_CLASS_TERM: dict[int, float] = {
+    Priority.UNSPECIFIED: 55.0,
+    Priority.COLD: 110.0,
+    Priority.WARM: 55.0,
+    Priority.HOT: 15.0,
+    Priority.DECODE_CRITICAL: -900.0,
+}
+_CLASS_RISK: dict[int, float] = {
+    Priority.UNSPECIFIED: 30.0,
+    Priority.WARM: 30.0,
+    Priority.HOT: 80.0,
+    Priority.DECODE_CRITICAL: 300.0,
+}
+_PHASE_TERM: dict[int, float] = {Phase.DONE: 120.0, Phase.IDLE: 50.0}
+_PHASE_DEADLINE: dict[int, float] = {Phase.DECODE: 120.0, Phase.VERIFY: 30.0}
+_PHASE_RISK: dict[int, float] = {Phase.DONE: -140.0, Phase.IDLE: -60.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class IntentParams:
+    """``us_per_step``: event-time microseconds per seed step (for age and steps to the
+    target decode step); ``recency_horizon_us``: idle time after which recency_score is 0."""
+
+    us_per_step: int = 1000
+    recency_horizon_us: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.us_per_step, int) or self.us_per_step < 1:
+            raise ValueError(f"us_per_step must be an integer >= 1, got {self.us_per_step!r}")
+        if not isinstance(self.recency_horizon_us, int) or self.recency_horizon_us < 1:
+            raise ValueError(f"recency_horizon_us must be an integer >= 1, got {self.recency_horizon_us!r}")
+
+
+class IntentAwarePolicy(ScoredPolicy):
+    """Evicts the block with the highest eviction score (the seed's IntentAware).
+
+    eviction score = +110 COLD / +55 WARM / +15 HOT / -900 DECODE_CRITICAL; -900 if pinned;
+    +120 DONE / +50 IDLE; +(100 - request_priority); +min(reuse/6, 120); +30 recompute_ok;
+    +20 compression_ok; +45 uncommitted draft; -min(recompute_cost/40, 180); -60 recency;
+    +min(age/4, 35); -max(risk, 0)/40, with ``risk`` as in ``risk`` below.
+
+    Structures: the ``ScoredPolicy`` SortedList of (key, block id), smallest first, and the
+    dict of each block's current entry; the key is (-eviction score, last_access_us, -size,
+    block id), so the highest score leaves first.
+
+    1. ``insert`` / ``access`` / ``update``: compute the eviction score at the event's time
+       and re-key the block.
+    2. ``choose_victims``: highest score first (ties: least recently read, then largest,
+       then block id), skipping protected blocks.
+    3. ``admit_prefetch``: never (the seed's IntentAware does not prefetch).
+
+    Mapping from the seed's intent snapshot: deadline = deadline_us - now (a passed deadline
+    counts as 0; no deadline: the deadline terms are 0); steps to target_decode_step =
+    deadline / us_per_step (no deadline: that term is 0); age = (now - created_us) /
+    us_per_step; recency = max(0, 1 - (now - last_access_us) / recency_horizon_us); an
+    unknown reuse window, slack or recompute cost makes its terms 0; UNSPECIFIED priority
+    counts as WARM.
+
+    Deviations: recency, age and the deadline terms change with time, and an exact order
+    would need a rescan on every event; instead a block's score is computed when it is
+    inserted, read or updated, at that event's time, and kept until its next event, so
+    between events the order drifts from the seed's (a deadline drawing near does not raise
+    a block it was not given with). The seed breaks no ties; this policy breaks them by
+    least recent read, then largest, then id. ``score`` reports minus the eviction score
+    (higher = kept), as the block was last keyed.
+    """
+
+    name = "intent_aware"
+    description = "kv_deadline_scheduler IntentAware: highest intent eviction score (priority, phase, reuse, cost, risk) leaves first"
+    Params = IntentParams
+
+    def risk(self, block: Block, now_us: int) -> float:
+        """The seed's risk: effective_deadline_score + 40 recency + 15 committed - 35
+        uncommitted draft - 25 recompute_ok - 15 compression_ok - min(reuse/8, 80) - 140 DONE
+        / - 60 IDLE."""
+        deadline = until_deadline(block, now_us)
+        effective = 2.0 * block.request_priority
+        if deadline is not None:
+            effective += max(0, 10_000 - deadline) / 20
+            effective += max(0.0, 64 - deadline / self.params.us_per_step)
+        if block.slack_us is not None:
+            effective += max(0, 5000 - block.slack_us) / 10
+        effective += _PHASE_DEADLINE.get(block.phase, 0.0)
+        effective += _CLASS_RISK.get(block.priority, 0.0)
+        if block.recompute_cost_us is not None:
+            effective += min(block.recompute_cost_us / 25, 250.0)
+        if block.pinned:
+            effective += 400.0
+        risk = effective + 40.0 * recency(block, now_us, self.params.recency_horizon_us)
+        if block.is_committed:
+            risk += 15.0
+        if block.is_draft and not block.is_committed:
+            risk -= 35.0
+        if block.recompute_ok:
+            risk -= 25.0
+        if block.compression_ok:
+            risk -= 15.0
+        if block.reuse_window is not None:
+            risk -= min(block.reuse_window / 8, 80.0)
+        return risk + _PHASE_RISK.get(block.phase, 0.0)
+
+    def eviction_score(self, block: Block, now_us: int) -> float:
+        """The seed's IntentAware eviction score at ``now_us`` (higher leaves first)."""
+        p = self.params
+        s = _CLASS_TERM.get(block.priority, 55.0)
+        if block.pinned:
+            s -= 900.0
+        s += _PHASE_TERM.get(block.phase, 0.0)
+        s += 100 - block.request_priority
+        if block.reuse_window is not None:
+            s += min(block.reuse_window / 6, 120.0)
+        if block.recompute_ok:
+            s += 30.0
+        if block.compression_ok:
+            s += 20.0
+        if block.is_draft and not block.is_committed:
+            s += 45.0
+        if block.recompute_cost_us is not None:
+            s -= min(block.recompute_cost_us / 40, 180.0)
+        s -= 60.0 * recency(block, now_us, p.recency_horizon_us)
+        s += min((now_us - block.created_us) / p.us_per_step / 4, 35.0)
+        s -= max(self.risk(block, now_us), 0.0) / 40
+        return s
+
+    def key(self, block: Block) -> Key:
+        return (-self.eviction_score(block, self.ctx.clock.now_us), block.last_access_us, -block.size, block.block_id)
+
+    def stored_score(self, block: Block) -> float:
+        """The eviction score the block holds in the order, or its score now if not held."""
+        key = self.stored_key(block.block_id)
+        return self.eviction_score(block, self.ctx.clock.now_us) if key is None else -float(key[0])
+
+    def score(self, block: Block) -> float:
+        return -self.stored_score(block)
