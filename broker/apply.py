@@ -149,6 +149,10 @@ def _allocated(core: Core, event: pb.Event, client: str) -> None:
 
 def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
     blocks = core.blocks
+    found = [blocks.get(block_id) for block_id in ids]
+    if found and None not in found:
+        return found  # type: ignore[return-value]
+    # Slow path, to name the first bad id.
     out: list[Block] = []
     for i, block_id in enumerate(ids):
         block = blocks.get(block_id)

@@ -69,12 +69,15 @@ class CoreStats:
         self.overcommits = 0
         # Simulated access latency (µs) by bucket: exact below 4096 µs, then 64 buckets per
         # power of two (under 1.6% apart), so percentiles cost no per-access storage.
-        self.latency_hist: dict[int, int] = {}
+        self.latency_hist: dict[int, int] = {0: 0}
         self.latency_total_us = 0
         self.deadline_accesses = 0
         self.deadline_misses = 0
 
     def record_latency(self, latency_us: int) -> None:
+        if not latency_us:
+            self.latency_hist[0] += 1
+            return
         if latency_us < 4096:
             key = latency_us
         else:

@@ -101,6 +101,7 @@ class Block:
         "recompute_cost_us",
         "released",
         "refs",
+        "pinned",
         "request_id",
         "request_priority",
         "size",
@@ -124,6 +125,9 @@ class Block:
         self.released = False
         # References the engine holds; 0 means released (cached, evictable, unpinned).
         self.refs = 1
+        # Kept by the core as wants_pin(block) whenever pin, priority or release change
+        # (a plain attribute: it is read on every access).
+        self.pinned = False
         # Plain ints (the Priority / Phase numbers): events carry them as ints.
         self.priority: int = Priority.UNSPECIFIED
         self.phase: int = Phase.UNSPECIFIED
@@ -163,18 +167,18 @@ class Block:
         # Event time at which the block is usable where it is (a transfer may be in flight).
         self.ready_us = 0
 
-    @property
-    def pinned(self) -> bool:
-        """DECODE_CRITICAL implies pinned; a released block is never pinned."""
-        if self.released:
-            return False
-        return self.pin_requested or self.priority == Priority.DECODE_CRITICAL
-
     def allowed_in(self, tier_index: int) -> bool:
         return self.allowed_mask == 0 or bool(self.allowed_mask >> tier_index & 1)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id!r}, size={self.size}, tier={self.tier})"
+
+
+def wants_pin(block: Block) -> bool:
+    """DECODE_CRITICAL implies pinned; a released block is never pinned."""
+    if block.released:
+        return False
+    return block.pin_requested or block.priority == Priority.DECODE_CRITICAL
 
 
 @dataclasses.dataclass(frozen=True)

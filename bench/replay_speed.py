@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Replay speed: events per second per policy, on the bundled Mooncake trace.
+
+The events are imported once (the importer is not what is measured); each policy then
+replays them through the same core the live broker runs, on one core.
+
+    python bench/replay_speed.py                      # every policy, decode mode (~720k events)
+    python bench/replay_speed.py --no-decode --policies lru,deadline_edf
+    python bench/replay_speed.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from broker.config import CoreConfig, TierConfig
+from broker.replay import replay
+from clients.traces import TraceOptions, read_trace
+from policies import registry
+
+TRACE = os.environ.get("KVBROKER_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default=os.path.join(TRACE, "mooncake", "synthetic_trace.jsonl"))
+    parser.add_argument("--no-decode", action="store_true")
+    parser.add_argument("--policies", default="")
+    parser.add_argument("--hbm-tokens", type=int, default=3_000_000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    opts = TraceOptions(decode=not args.no_decode)
+    started = time.perf_counter()
+    batches = list(read_trace(args.trace, "mooncake", opts))
+    events = sum(len(b.events) for b in batches)
+    imported = time.perf_counter() - started
+    hbm = args.hbm_tokens * opts.bytes_per_token
+    config = CoreConfig(
+        tiers=(
+            TierConfig("hbm", hbm, 0.0, 2000.0),
+            TierConfig("dram", 4 * hbm, 2.0, 25.0),
+        )
+    )
+    names = [p for p in args.policies.split(",") if p] or registry.names()
+    records = []
+    if not args.json:
+        print(f"{events:,} events in {len(batches):,} batches (import {imported:.1f}s, not counted)")
+    for name in names:
+        result = replay(lambda: ((1, b) for b in batches), config, name)
+        rate = result.events / result.seconds
+        records.append({"policy": name, "events": result.events, "seconds": result.seconds, "events_per_s": rate})
+        if not args.json:
+            print(f"{name:<20} {rate:>10,.0f} events/s  ({result.seconds:.1f}s)", flush=True)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
