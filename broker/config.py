@@ -97,6 +97,11 @@ class JournalConfig:
     fsync: bool = False
     # Records written per pipeline / write call at most.
     max_group: int = 512
+    # On start, rebuild residency and each client's last batch_seq from the journal.
+    recover: bool = True
+    # "journal": answer a batch only once its journal record is written (a crash then loses
+    # no answered batch); "memory": answer at once and journal behind (lower latency).
+    ack_after: str = "journal"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +257,11 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         directives=_take(jr, "directives", "journal.", bool, JournalConfig.directives),
         fsync=_take(jr, "fsync", "journal.", bool, JournalConfig.fsync),
         max_group=_take(jr, "max_group", "journal.", int, JournalConfig.max_group),
+        recover=_take(jr, "recover", "journal.", bool, JournalConfig.recover),
+        ack_after=_take(jr, "ack_after", "journal.", str, JournalConfig.ack_after),
     )
+    if journal.ack_after not in ("journal", "memory"):
+        raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
     _no_extra(jr, "journal.")
     if journal.maxlen <= 0:
         raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")

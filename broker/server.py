@@ -16,7 +16,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from broker.config import BrokerConfig
-from broker.journal import open_journal
+from broker.journal import Journal, JournalRecord, JournalSource, open_journal
+from broker.journal.base import NullJournal
+from broker.journal.redis_stream import RedisJournal, stream_exists
 from broker.service import BrokerService, VersionError
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
@@ -104,11 +106,11 @@ class BrokerServicer:
         service.streams += 1
         try:
             async for raw in requests:
-                yield spb.StreamResponse(directives=self._stream_batch(raw, client_id))
+                yield spb.StreamResponse(directives=await self._stream_batch(raw, client_id))
         finally:
             service.streams -= 1
 
-    def _stream_batch(self, raw: bytes, client_id: str) -> dpb.DirectiveBatch:
+    async def _stream_batch(self, raw: bytes, client_id: str) -> dpb.DirectiveBatch:
         try:
             request = spb.StreamRequest.FromString(raw)
         except DecodeError as exc:
@@ -119,7 +121,7 @@ class BrokerServicer:
         if batch.client_id != client_id:
             return _batch_error("client_id", f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}", batch=batch)
         payload = field_slice(raw, 2)
-        return self.service.submit(batch, payload if payload is not None else batch.SerializeToString())
+        return await self.service.submit_durable(batch, payload if payload is not None else batch.SerializeToString())
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
         try:
@@ -134,7 +136,7 @@ class BrokerServicer:
         if batch.client_id != request.hello.client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch.client_id: must equal hello.client_id")
         payload = field_slice(raw, 2)
-        result = self.service.submit(batch, payload if payload is not None else batch.SerializeToString())
+        result = await self.service.submit_durable(batch, payload if payload is not None else batch.SerializeToString())
         return spb.SubmitResponse(directives=result)
 
     async def GetResidency(self, request: spb.GetResidencyRequest, context: grpc.aio.ServicerContext) -> spb.GetResidencyResponse:
@@ -185,6 +187,17 @@ class RunningBroker:
         await self.service.journal.close()
 
 
+def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
+    """The batches already in the journal (read once the writer has cut any torn tail)."""
+    if not config.journal.recover or isinstance(journal, NullJournal):
+        return []
+    url = config.journal.url
+    if isinstance(journal, RedisJournal):
+        source = JournalSource(journal.url, journal.stream)
+        return list(source.batches()) if stream_exists(journal.url, journal.stream) else []
+    return list(JournalSource(url).batches())
+
+
 async def start_broker(config: BrokerConfig) -> RunningBroker:
     journal = open_journal(
         config.journal.url,
@@ -194,7 +207,10 @@ async def start_broker(config: BrokerConfig) -> RunningBroker:
         max_group=config.journal.max_group,
     )
     await journal.start()
-    service = BrokerService(config, journal)
+    recovered = await asyncio.to_thread(_recoverable, config, journal)
+    service = BrokerService(config, journal, recovered)
+    if service.recovered_batches:
+        log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

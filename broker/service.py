@@ -7,6 +7,8 @@ of the event loop: apply order and journal order are the same by construction.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from broker.apply import BatchOutcome, apply_batch
 from broker.config import BrokerConfig, core_to_json
 from broker.core import Core, Directive
@@ -65,11 +67,24 @@ def outcome_to_pb(batch: pb.IntentBatch, outcome: BatchOutcome, generation: int)
 
 
 class BrokerService:
-    def __init__(self, config: BrokerConfig, journal: Journal) -> None:
+    def __init__(self, config: BrokerConfig, journal: Journal, recovered: Iterable[JournalRecord] = ()) -> None:
+        """``recovered``: the journal's batches so far, applied first (crash recovery)."""
         self.config = config
         self.journal = journal
         self.core = Core(config.core)
+        self.recovered_batches = 0
+        for record in recovered:
+            # The same path as live and replay, so the rebuilt state is the state the
+            # broker had; the directives were sent before the restart and are not again.
+            self.core.generation = record.generation
+            apply_batch(self.core, pb.IntentBatch.FromString(record.payload))
+            self.core.take_directives()
+            self.recovered_batches += 1
         self.journal_directives = config.journal.directives
+        self.ack_after_journal = config.journal.ack_after == "journal"
+        # Whether the last submitted batch was applied, and the ordinal of its last record.
+        self.last_applied = False
+        self.last_ordinal = 0
         self.streams = 0
         self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(config.core).encode()))
 
@@ -93,10 +108,19 @@ class BrokerService:
         outcome = apply_batch(self.core, batch)
         generation = self.generation
         result = outcome_to_pb(batch, outcome, generation)
+        self.last_applied = outcome.applied
         if outcome.applied:
-            self.journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
+            self.last_ordinal = self.journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
             if self.journal_directives and outcome.directives:
-                self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, result.SerializeToString()))
+                payload = result.SerializeToString()
+                self.last_ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, payload))
+        return result
+
+    async def submit_durable(self, batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
+        """``submit``, answered only once journaled when ack_after = "journal"."""
+        result = self.submit(batch, raw)
+        if self.ack_after_journal and self.last_applied:
+            await self.journal.durable(self.last_ordinal)
         return result
 
     def tiers_pb(self) -> list[spb.TierUsage]:

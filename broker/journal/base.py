@@ -4,6 +4,7 @@ background task in order, grouped and pipelined."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from abc import ABC, abstractmethod
 
@@ -24,8 +25,11 @@ class Journal(ABC):
         self._closing = False
         self.max_group = max_group
         self.written = 0
+        self.appended = 0
         self.errors = 0
         self.last_error = ""
+        # (ordinal, future) of callers waiting for a record to be written, in ordinal order.
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     @property
     @abstractmethod
@@ -39,11 +43,22 @@ class Journal(ABC):
         await self._open()
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"journal-writer {self.description}")
 
-    def append(self, record: JournalRecord) -> None:
-        """Queue a record; never blocks. Records are written in the order appended."""
+    def append(self, record: JournalRecord) -> int:
+        """Queue a record; never blocks. Records are written in the order appended.
+        Returns the record's ordinal, for ``durable``."""
         self._queue.append(record)
+        self.appended += 1
         self._idle.clear()
         self._wake.set()
+        return self.appended
+
+    async def durable(self, ordinal: int) -> None:
+        """Wait until the record with this ordinal (and so every one before it) is written."""
+        if self.written >= ordinal:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((ordinal, future))
+        await future
 
     async def flush(self) -> None:
         """Wait until everything appended so far is written."""
@@ -84,6 +99,11 @@ class Journal(ABC):
             backoff = 0.05
             del self._queue[: len(group)]
             self.written += len(group)
+            waiters = self._waiters
+            while waiters and waiters[0][0] <= self.written:
+                _, future = waiters.popleft()
+                if not future.done():
+                    future.set_result(None)
 
     async def _open(self) -> None:
         """Prepare the backend (create or repair the file, connect)."""

@@ -35,6 +35,9 @@ def test_sizes_parse_with_units(text: str, size: int) -> None:
         ("[broker]\nlisten = 5", "broker.listen: expected str"),
         ("[prefetch]\nmargin_us = -1", "prefetch.margin_us"),
         ("[surprise]\nx = 1", "unknown key(s) surprise"),
+        ('[journal]\nack_after = "sometimes"', "journal.ack_after"),
+        ('[cost]\nquant = "int3"', "cost.quant"),
+        ("[[tiers]]\nname = 'hbm'\ncapacity = 10\nchannels = 0", "tiers[0].channels"),
         ("[policy\nname = ", "malformed TOML"),
     ],
 )

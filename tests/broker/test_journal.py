@@ -108,3 +108,17 @@ async def test_redis_journal_holds_every_record_in_order_exactly_once(redis_stre
 def test_reading_a_missing_redis_stream_is_a_clear_error() -> None:
     with pytest.raises(JournalError, match="does not exist"):
         JournalSource(f"{REDIS_URL}?stream=kvbroker-test:absent-stream").check()
+
+
+async def test_durable_waits_until_the_record_is_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    journal = FileJournal(str(tmp_path / "j"))
+    await journal.start()
+    first = journal.append(rec(1))
+    second = journal.append(rec(2))
+    assert (first, second) == (1, 2)
+    await asyncio.wait_for(journal.durable(second), 5)
+    assert journal.written >= 2
+    assert list(read_file_journal(str(tmp_path / "j")))[-2:] == [rec(1), rec(2)]
+    await journal.close()
