@@ -109,11 +109,12 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     slack = _non_negative(intent, "slack_us")
     block.critical = intent.priority == _DC
     block.due_us = deadline
+    # Slack stays visible in an ablation: what is stripped is phase, priority and deadline.
+    block.slack_us = slack
     if not core.ablate_intent:
         block.phase = intent.phase
         block.priority = intent.priority
         block.deadline_us = deadline
-        block.slack_us = slack
     block.recompute_cost_us = _non_negative(intent, "recompute_cost_us")
     block.spill_cost_us = _non_negative(intent, "spill_cost_us")
     if intent.HasField("request_priority"):
@@ -203,14 +204,14 @@ def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None, abl
             block.due_us = None
         elif upd.HasField("deadline_us"):
             block.due_us = upd.deadline_us
+        if upd.HasField("slack_us"):
+            block.slack_us = upd.slack_us
         if not ablate:
             if phase is not None:
                 block.phase = phase
             if priority is not None:
                 block.priority = priority
             block.deadline_us = block.due_us
-            if upd.HasField("slack_us"):
-                block.slack_us = upd.slack_us
         if upd.HasField("recompute_cost_us"):
             block.recompute_cost_us = upd.recompute_cost_us
         if upd.HasField("pin_requested"):

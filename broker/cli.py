@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Any
 
-from broker.config import ConfigError, load_config
+from broker.config import ConfigError, load_config, parse_config
 
 
 def _split_policies(values: list[str] | None) -> list[str]:
@@ -170,6 +170,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             source = Source(trace=args.trace, fmt=args.format, options=options)
             if args.config:
                 base = load_config(args.config).core
+            elif args.format == "profile":
+                from clients.traces.profiles import profile_config
+
+                try:
+                    base = parse_config(profile_config(args.trace)).core
+                except KeyError:
+                    base = CoreConfig()  # read_trace names the unknown profile
             elif args.no_decode:
                 if not args.hbm:
                     print("kvbroker replay: --no-decode without --config replays one cache tier: give its size with --hbm", file=sys.stderr)
@@ -278,6 +285,8 @@ def _trace_options(args: argparse.Namespace) -> Any:
         us_per_step=args.us_per_step,
         block_tokens=args.block_tokens,
         model=args.model,
+        seed=args.seed,
+        scale=args.scale,
     )
 
 
@@ -285,7 +294,7 @@ def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
     from clients.traces import TraceOptions
 
     p.add_argument("--trace", required=required, help="trace file to import")
-    p.add_argument("--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests")
+    p.add_argument("--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests, profile (PATH = profile name)")
     p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
     p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
     p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
@@ -293,6 +302,8 @@ def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--us-per-step", type=int, default=TraceOptions.us_per_step, help="kvds-events: event time of one seed step (µs)")
     p.add_argument("--block-tokens", type=int, default=TraceOptions.block_tokens, help="kvds-requests: tokens per KV block")
     p.add_argument("--model", default=TraceOptions.model, help="kvds-requests: model of requests that name none")
+    p.add_argument("--seed", type=int, default=TraceOptions.seed, help="profile: generator seed")
+    p.add_argument("--scale", type=float, default=TraceOptions.scale, help="profile: request/page count multiplier")
 
 
 def build_parser() -> argparse.ArgumentParser:

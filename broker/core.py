@@ -138,6 +138,7 @@ class Core:
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
         self._proposing = type(top).after_access is not Policy.after_access
+        self._drop_hook = [type(t.policy).prefer_drop is not Policy.prefer_drop for t in self.tiers]
         # A deadline change needs the general update path only if some policy reorders on
         # updates or prefetch watches deadlines.
         self._plain_deadlines = not self._prefetching and all(type(t.policy).update is Policy.update for t in self.tiers)
@@ -247,9 +248,11 @@ class Core:
         ``protected`` stays protected down the cascade, so a block being moved up is never
         pushed out of the tier it is leaving by the blocks coming down.
         """
-        score = self.tiers[t].policy.score(victim)
+        policy = self.tiers[t].policy
+        score = policy.score(victim)
+        drop = self._drop_hook[t] and policy.prefer_drop(victim)
         self._detach(victim, as_victim=True)
-        for d in range(t + 1, len(self.tiers)):
+        for d in range(t + 1, 0 if drop else len(self.tiers)):
             if victim.allowed_in(d) and self._make_room(d, victim.size, protected):
                 self._attach(victim, d)
                 self.stats.demotions += 1
@@ -257,7 +260,8 @@ class Core:
                 self._emit(DirectiveKind.DEMOTE, victim, t, d, score, "over high watermark")
                 return
         self.stats.evictions += 1
-        self._emit(DirectiveKind.EVICT, victim, t, DROPPED, score, "over high watermark; no lower tier")
+        reason = "recompute cheaper than reload" if drop else "over high watermark; no lower tier"
+        self._emit(DirectiveKind.EVICT, victim, t, DROPPED, score, reason)
 
     def _move(self, block: Block, t: int, protected: AbstractSet[str]) -> bool:
         """Move a block into tier t if room can be made there; True if moved."""
@@ -402,9 +406,11 @@ class Core:
             block.accesses += 1
             block.last_access_us = now
             by_tier[0] += 1
+            latency = block.ready_us - now if block.ready_us > now else 0
             if block.critical:
                 stats.dc_accesses += 1
-            latency = block.ready_us - now if block.ready_us > now else 0
+                if latency:
+                    stats.dc_misses += 1  # in the top tier, but its copy is still in flight
             if not block.pinned:
                 top_access(block)
             if latency:
@@ -460,6 +466,8 @@ class Core:
         top = self._top_allowed(block)
         if src == top:
             latency = block.ready_us - now if block.ready_us > now else 0
+            if critical and latency:
+                stats.dc_misses += 1  # in the top tier, but its copy is still in flight
             if not block.pinned:
                 self.tiers[src].policy.access(block)
         else:

@@ -295,6 +295,11 @@ class Policy(ABC):
         """How strongly the policy wants to keep ``block`` (reported in directives)."""
         return 0.0
 
+    def prefer_drop(self, block: Block) -> bool:
+        """Whether a victim should be dropped (EVICT) rather than demoted: e.g. when
+        recomputing it is cheaper than reloading it from the next tier. Default: demote."""
+        return False
+
     def after_access(self, block: Block) -> Iterable[str]:
         """Called on the top tier's policy after every block access, wherever the block
         was; returns ids of blocks to prefetch (a successor predictor's hook)."""

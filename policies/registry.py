@@ -33,6 +33,8 @@ BUILTIN: dict[str, str] = {
     "cost_aware": "policies.cost_aware:CostAwarePolicy",
     "markov_prefetch": "policies.markov_prefetch:MarkovPrefetchPolicy",
     "regret_aware": "policies.regret_aware:RegretAwarePolicy",
+    "deadline_edf": "policies.deadline_edf:DeadlineEDFPolicy",
+    "bayesian_reuse": "policies.bayesian_reuse:BayesianReusePolicy",
 }
 
 

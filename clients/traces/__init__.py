@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from clients.traces import kvds
+from clients.traces import kvds, profiles
 from clients.traces.base import SkipCounter, TraceError
 from clients.traces.mooncake import MooncakeOptions, read_mooncake
 from kvbroker.v1 import intent_pb2 as pb
@@ -32,6 +32,9 @@ class TraceOptions:
     # model of requests that name none (their blocks are sized from it, not bytes_per_token).
     block_tokens: int = 16
     model: str = "llama-3-8b"
+    # profile: the generator's seed and the factor on its request / page counts.
+    seed: int = 42
+    scale: float = 1.0
 
 
 def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
@@ -43,6 +46,8 @@ FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.Intent
     "mooncake": _mooncake,
     "kvds-events": kvds.events_format,
     "kvds-requests": kvds.requests_format,
+    # The trace "path" is a profile name (clients.traces.profiles.PROFILES).
+    "profile": profiles.profile_format,
 }
 
 

@@ -303,3 +303,20 @@ def test_prefix_hit_rate_counts_prompt_blocks_found_in_the_top_tier_and_in_any_t
     assert s.prompt_blocks == 13
     assert (s.prefix_hits_top, s.prefix_hits_any) == (1, 2)
     assert s.prefix_hit_rate() == 1 / 13
+
+
+def test_a_policy_can_prefer_dropping_a_victim_to_demoting_it() -> None:
+    from broker.config import parse_config
+
+    config = parse_config(
+        '[policy]\nname = "deadline_edf"\n'
+        "[[tiers]]\nname = 'hbm'\ncapacity = 1000\n"
+        "[[tiers]]\nname = 'dram'\ncapacity = 2000\nread_latency_us = 10.0\n"
+    )
+    d = Driver(config)
+    # b0 is cheap to recompute (1 µs); a DRAM reload costs 10 µs: it is dropped, not demoted.
+    d.send(alloc("b0", ts=0, recompute_cost_us=1), *(alloc(f"b{i}", ts=i, recompute_cost_us=10**6) for i in range(1, 10)))
+    first = d.directives[0]
+    assert (first.block_id, first.kind, first.reason) == ("b0", DirectiveKind.EVICT, "recompute cheaper than reload")
+    assert d.core.blocks["b0"].tier == DROPPED
+    check_model(d)

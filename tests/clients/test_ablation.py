@@ -81,7 +81,8 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run(trace: str, policy: str, ablate: bool) -> dict:
     batches = list(read_trace(trace, "kvds-events", TraceOptions()))
-    config = parse_config(KVDS_TIERS_TOML).core
+    # Prefetch early enough for a whole step's 24 blocks to arrive over two copy channels.
+    config = parse_config(KVDS_TIERS_TOML + "\n[prefetch]\nmargin_us = 2000\n").core
     return replay(lambda: ((1, b) for b in batches), config, policy, ablate_intent=ablate).metrics
 
 

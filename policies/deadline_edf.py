@@ -1,0 +1,312 @@
+"""deadline_edf: blocks that could not come back before their deadline stay; the rest leave
+by (priority class, request priority, recency), and the near ones last, latest start first."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from policies.base import Block, Policy, PolicyContext, take_until
+from policies.priority_lru import PriorityLRUPolicy
+
+# Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
+# priority order); NEAR blocks are protected.
+UNDATED, FAR, NEAR, STALE = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadlineEDFParams:
+    """``stale_after_us``: a deadline passed by more than this counts as none (the engine
+    moved on without reading the block); ``guard_us``: a block is near when its deadline is
+    at most its reload time plus this away (the core's default prefetch margin: a block
+    evicted inside it would be proposed for prefetch at once); ``default_recompute_us``:
+    the recompute cost of a block that gives none."""
+
+    stale_after_us: int = 10_000
+    guard_us: int = 500
+    default_recompute_us: int = 4_000
+
+    def __post_init__(self) -> None:
+        for name in ("stale_after_us", "guard_us", "default_recompute_us"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+class _Held:
+    """What the policy keeps per block: its sort keys, fixed at the block's last event."""
+
+    __slots__ = ("block", "deadline", "free_key", "latest_start", "stamp", "state")
+
+    def __init__(self, block: Block, stamp: int) -> None:
+        self.block = block
+        self.stamp = stamp
+        self.state = UNDATED
+        self.free_key: tuple[int, int, int, str] = (0, 0, 0, "")
+        self.deadline = 0
+        self.latest_start = 0.0
+
+
+class DeadlineEDFPolicy(Policy):
+    """Evicts free blocks by (priority class, request priority, LRU), then near-deadline
+    blocks, the one with the latest must-start time first.
+
+    A block with deadline D (absolute event time) and reload cost R (the transfer time out
+    of the next lower tier, or, in the bottom tier, its recompute cost) has the *latest
+    start* ``L = D - R``: the last moment it may leave this tier and still be back by D.
+    D, R and so L are fixed between the block's own events, whatever the clock does. With
+    ``now`` the event time (``ctx.clock.now_us``), a held block is
+
+      NEAR     if ``now >= L - guard_us`` and ``now - D <= stale_after_us``: evicting it
+               now would make it late (its time-to-deadline is at most its reload time plus
+               the guard). Protected: it leaves only when the free blocks are not enough.
+      STALE    if ``now - D > stale_after_us``: the deadline passed long ago; counts as none.
+      FAR      if ``now < L - guard_us``: a deadline, but time enough to come back.
+      UNDATED  without a deadline.
+
+    Structures (each a ``SortedList``; dict ``_held`` block id -> its keys and state):
+      ``_free``      UNDATED, FAR and STALE blocks by (class rank, request priority,
+                     recency stamp, id): ``priority_lru``'s order (its class ranks), one list
+                     instead of its buckets so that a block returning from NEAR regains its
+                     old recency position.
+      ``_far``       FAR blocks by (L, stamp, id): those to become NEAR next are a prefix.
+      ``_near``      NEAR blocks by (L, -stamp, id); victims are taken from its end.
+      ``_near_by_d`` NEAR blocks by (D, stamp, id): those to become STALE next are a prefix.
+
+    Why no rescan is ever needed as time advances: keys are absolute times (L, D) and do not
+    change with ``now``; only the two boundaries move, and only forward (event time never
+    goes back). ``now >= L - guard`` is a prefix of ``_far``, ``now - D > stale_after`` a
+    prefix of ``_near_by_d``. ``_sync`` pops those prefixes: each block crosses FAR -> NEAR
+    and NEAR -> STALE at most once per keying, so the work is O(log n) amortised per event.
+
+    Steps:
+      1. ``insert`` / ``access``: new recency stamp; compute (D, R, L) and the state now;
+         file the block in the lists of its state. ``update``: the same, keeping the stamp
+         (an intent change is not a use). ``remove`` / ``evicted``: drop it from its lists.
+      2. ``_sync`` (first thing in every call, ``choose_victims`` included): move the FAR
+         prefix with ``L - guard <= now`` to NEAR (or straight to STALE), then the
+         ``_near_by_d`` prefix with ``now - D > stale_after`` back to ``_free``. It changes
+         the representation only, never the order a caller sees at a given ``now``.
+      3. ``choose_victims``: ``_free`` from its coldest end, then ``_near`` from its latest
+         start (the block that would be late by the least, ``now - L``), skipping the
+         protected ids. Nothing else changes.
+      4. ``admit_prefetch(candidate, victims)``: admitted when the candidate's deadline has
+         not passed, no victim ranks in a higher priority class than the candidate, and
+         every victim with a live (not stale) deadline must start its reload strictly
+         later than the candidate must start its own load (``D - transfer`` out of its
+         tier): earliest start first, EDF.
+      5. ``prefer_drop(block)``: True when recomputing the block costs less than reloading
+         it from the next lower tier (always at the bottom tier). The core asks it for
+         every victim it displaces and drops (EVICT) instead of demoting when it says so.
+
+    Choices: the near blocks leave by latest must-start time L, not by latest deadline D
+    (the same order for equal sizes; with unequal reload times the latest L is the block
+    that would be late by the least). ``guard_us`` widens "near" beyond the reload time;
+    set it to the core's ``prefetch.margin_us``, so that the blocks the core would propose
+    for prefetch at once are not the ones pushed out. Unlike ``priority_lru``, an intent
+    update keeps a block's recency (only insert and read are uses).
+    """
+
+    name = "deadline_edf"
+    description = "keeps blocks that could not be reloaded before their deadline; the rest by class, request priority, LRU"
+    Params = DeadlineEDFParams
+
+    def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
+        self._held: dict[str, _Held] = {}
+        self._free = SortedList()
+        self._far = SortedList()
+        self._near = SortedList()
+        self._near_by_d = SortedList()
+        self._stamps = itertools.count()
+        self._synced_at = -1
+        index = ctx.tier.index
+        self._next_tier = ctx.tiers[index + 1] if index + 1 < len(ctx.tiers) else None
+
+    # ---- costs ---------------------------------------------------------------------------
+
+    def recompute_us(self, block: Block) -> float:
+        cost = block.recompute_cost_us
+        return float(self.params.default_recompute_us if cost is None else cost)
+
+    def reload_us(self, block: Block) -> float:
+        """What getting the block back costs if it leaves this tier: the transfer out of the
+        next lower tier, or its recompute cost at the bottom."""
+        if self._next_tier is None:
+            return self.recompute_us(block)
+        return self._next_tier.transfer_us(block.size)
+
+    def latest_start(self, block: Block) -> float | None:
+        """``deadline - reload time``: the last moment the block may leave and be back in
+        time (None without a deadline). Independent of the clock."""
+        if block.deadline_us is None:
+            return None
+        return block.deadline_us - self.reload_us(block)
+
+    def prefer_drop(self, block: Block) -> bool:
+        """Drop rather than demote: recompute is cheaper than the reload from the next
+        tier (or there is no next tier). The core asks it for every victim it displaces."""
+        if self._next_tier is None:
+            return True
+        return self.recompute_us(block) < self._next_tier.transfer_us(block.size)
+
+    # ---- the partition -------------------------------------------------------------------
+
+    def _state(self, deadline: int, latest_start: float, now: int) -> int:
+        p = self.params
+        if now - deadline > p.stale_after_us:
+            return STALE
+        if now >= latest_start - p.guard_us:
+            return NEAR
+        return FAR
+
+    def _key(self, held: _Held) -> None:
+        """Compute the block's keys and state from its fields now (step 1)."""
+        block = held.block
+        rank, request_priority = PriorityLRUPolicy.key(block)
+        held.free_key = (rank, request_priority, held.stamp, block.block_id)
+        latest_start = self.latest_start(block)
+        if latest_start is None or block.deadline_us is None:
+            held.state = UNDATED
+        else:
+            held.deadline, held.latest_start = block.deadline_us, latest_start
+            held.state = self._state(block.deadline_us, latest_start, self.ctx.clock.now_us)
+
+    def _file(self, held: _Held) -> None:
+        """Key the block now and add it to the lists of its state."""
+        self._key(held)
+        block = held.block
+        if held.state == NEAR:
+            self._add_near(held)
+        else:
+            self._free.add(held.free_key)
+            if held.state == FAR:
+                self._far.add((held.latest_start, held.stamp, block.block_id))
+
+    def _unfile(self, held: _Held) -> None:
+        block_id = held.block.block_id
+        if held.state == NEAR:
+            self._near.remove((held.latest_start, -held.stamp, block_id))
+            self._near_by_d.remove((held.deadline, held.stamp, block_id))
+        else:
+            self._free.remove(held.free_key)
+            if held.state == FAR:
+                self._far.remove((held.latest_start, held.stamp, block_id))
+
+    def _add_near(self, held: _Held) -> None:
+        block_id = held.block.block_id
+        self._near.add((held.latest_start, -held.stamp, block_id))
+        self._near_by_d.add((held.deadline, held.stamp, block_id))
+
+    def _sync(self) -> None:
+        """Bring the partition to the current time (step 2): pop the two moving prefixes."""
+        now = self.ctx.clock.now_us
+        if now == self._synced_at:
+            return
+        self._synced_at = now
+        p = self.params
+        far, near_by_d = self._far, self._near_by_d
+        while far and far[0][0] - p.guard_us <= now:
+            held = self._held[far.pop(0)[2]]
+            if now - held.deadline > p.stale_after_us:
+                held.state = STALE  # stays in _free
+            else:
+                held.state = NEAR
+                self._free.remove(held.free_key)
+                self._add_near(held)
+        while near_by_d and now - near_by_d[0][0] > p.stale_after_us:
+            held = self._held[near_by_d.pop(0)[2]]
+            self._near.remove((held.latest_start, -held.stamp, held.block.block_id))
+            held.state = STALE
+            self._free.add(held.free_key)
+
+    def _get(self, block: Block) -> _Held:
+        held = self._held.get(block.block_id)
+        if held is None:
+            raise self._unknown(block)
+        return held
+
+    # ---- the interface -------------------------------------------------------------------
+
+    def insert(self, block: Block) -> None:
+        self._sync()
+        held = _Held(block, next(self._stamps))
+        self._held[block.block_id] = held
+        self._file(held)
+
+    def access(self, block: Block) -> None:
+        self._sync()
+        held = self._get(block)
+        self._unfile(held)
+        held.stamp = next(self._stamps)
+        self._file(held)
+
+    def update(self, block: Block) -> None:
+        self._sync()
+        held = self._get(block)
+        self._unfile(held)
+        self._file(held)
+
+    def remove(self, block: Block) -> None:
+        self._sync()
+        self._unfile(self._get(block))
+        del self._held[block.block_id]
+
+    def _coldest_first(self) -> Iterator[Block]:
+        held = self._held
+        for key in self._free:
+            yield held[key[3]].block
+        for key in reversed(self._near):
+            yield held[key[2]].block
+
+    def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+        self._sync()
+        return take_until(self._coldest_first(), bytes_needed, protected)
+
+    def is_near(self, block: Block) -> bool:
+        """Whether the block is held and protected by its deadline now."""
+        self._sync()
+        held = self._held.get(block.block_id)
+        return held is not None and held.state == NEAR
+
+    def admit_prefetch(self, candidate: Block, victims: list[Block]) -> bool:
+        self._sync()
+        now = self.ctx.clock.now_us
+        deadline = candidate.deadline_us
+        if deadline is None or deadline < now:
+            return False
+        src = candidate.tier
+        load_us = self.ctx.tiers[src].transfer_us(candidate.size) if 0 <= src < len(self.ctx.tiers) else self.recompute_us(candidate)
+        must_start = deadline - load_us
+        rank = PriorityLRUPolicy.key(candidate)[0]
+        for victim in victims:
+            held = self._held.get(victim.block_id)
+            if held is None:
+                held = self._describe(victim)
+            if held.free_key[0] > rank:
+                return False
+            if held.state in (FAR, NEAR) and held.latest_start <= must_start:
+                return False
+        return True
+
+    def _describe(self, block: Block) -> _Held:
+        """Keys and state of a block this policy does not hold, as if inserted now."""
+        held = _Held(block, -1)
+        self._key(held)
+        return held
+
+    def score(self, block: Block) -> float:
+        """Class rank x 1000 + request priority, plus 10,000 while protected by a deadline."""
+        rank, request_priority = PriorityLRUPolicy.key(block)
+        return float(rank * 1000 + request_priority + (10_000 if self.is_near(block) else 0))
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._held
