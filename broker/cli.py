@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 from typing import Any
 
@@ -20,20 +19,37 @@ def _split_policies(values: list[str] | None) -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.logs import setup_logging
     from broker.server import run
+    from broker.telemetry import validate_telemetry
 
-    config = load_config(args.config)
-    if args.listen:
-        config = dataclasses.replace(config, listen=args.listen)
-    if args.journal:
-        config = dataclasses.replace(config, journal=dataclasses.replace(config.journal, url=args.journal))
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    def with_flags(config: Any) -> Any:
+        """The command line wins over the file, at start and on every reload of the file."""
+        if args.listen:
+            config = dataclasses.replace(config, listen=args.listen)
+        if args.journal:
+            config = dataclasses.replace(config, journal=dataclasses.replace(config.journal, url=args.journal))
+        overrides = {
+            "prometheus_port": args.metrics_port,
+            "prometheus_host": args.metrics_host,
+            "otlp_endpoint": args.otlp_endpoint,
+            "traces": args.traces,
+            "log_format": args.log_format,
+        }
+        telemetry = dataclasses.replace(config.telemetry, **{k: v for k, v in overrides.items() if v is not None})
+        validate_telemetry(telemetry)  # a ConfigError naming telemetry.<key>, as for the file
+        return dataclasses.replace(config, telemetry=telemetry)
+
+    config = with_flags(load_config(args.config))
+    setup_logging(args.log_level, config.telemetry.log_format)
 
     def ready(broker: Any) -> None:
         # One machine-readable line so wrappers and tests can find the port (listen on :0).
-        print(json.dumps({"event": "listening", "port": broker.port, "policy": broker.service.core.policy_name}), flush=True)
+        line = {"event": "listening", "port": broker.port, "policy": broker.service.core.policy_name}
+        line["metrics_port"] = broker.telemetry.metrics_port if broker.telemetry is not None else None
+        print(json.dumps(line), flush=True)
 
-    run(config, on_ready=ready)
+    run(config, args.config, on_ready=ready, overrides=with_flags)
     return 0
 
 
@@ -294,7 +310,9 @@ def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
     from clients.traces import TraceOptions
 
     p.add_argument("--trace", required=required, help="trace file to import")
-    p.add_argument("--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests, profile (PATH = profile name)")
+    p.add_argument(
+        "--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests, vllm-events, profile (PATH = profile name)"
+    )
     p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
     p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
     p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
@@ -315,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", help="HOST:PORT to listen on (overrides broker.listen; port 0 picks a free one)")
     p.add_argument("--journal", help="redis://HOST:PORT/DB, file://PATH or none (overrides journal.url)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"], help="text, or one JSON object per line (overrides telemetry.log_format)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port; 0 = off (overrides telemetry.prometheus_port)")
+    p.add_argument("--metrics-host", help="address /metrics binds to (overrides telemetry.prometheus_host; default 127.0.0.1)")
+    p.add_argument("--otlp-endpoint", help="OTLP collector, e.g. http://otel-collector:4317 (overrides telemetry.otlp_endpoint)")
+    p.add_argument("--traces", action=argparse.BooleanOptionalAction, default=None, help="a span per batch over OTLP (telemetry.traces)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("status", help="show a running broker's policy, tiers and counters")
@@ -351,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     from broker import cli_size
 
     cli_size.add_parser(sub)
+
+    from clients import cli_bridge
+
+    cli_bridge.add_parser(sub)
 
     p = sub.add_parser("policies", help="list the policies with their parameters")
     p.add_argument("--json", action="store_true")

@@ -12,6 +12,8 @@ import re
 import tomllib
 from typing import Any
 
+from broker.health import HealthConfig, health_config_from_dict
+from broker.telemetry import TelemetryConfig, telemetry_config_from_dict
 from policies.base import TierInfo
 
 _UNITS = {
@@ -81,6 +83,8 @@ DEFAULT_TIERS = (
 class PolicyConfig:
     name: str = "lru"
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Policies that see the same events on their own copy of residency and only report.
+    shadows: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +134,19 @@ class BrokerConfig:
     listen: str = "127.0.0.1:50051"
     core: CoreConfig = dataclasses.field(default_factory=CoreConfig)
     journal: JournalConfig = dataclasses.field(default_factory=JournalConfig)
+    telemetry: TelemetryConfig = dataclasses.field(default_factory=TelemetryConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
 
     def stream_key(self) -> str:
         return self.journal.stream.replace("{id}", self.broker_id)
+
+
+def with_policy(config: CoreConfig, name: str, params: dict[str, Any] | None = None) -> CoreConfig:
+    """The config running ``name`` instead (with its configured parameters when it is the
+    configured policy). Replays of other policies and shadows follow config changes so."""
+    if params is None:
+        params = dict(config.policy.params) if name == config.policy.name else {}
+    return dataclasses.replace(config, policy=PolicyConfig(name, params))
 
 
 def core_to_json(core: CoreConfig) -> str:
@@ -145,7 +159,9 @@ def core_from_json(text: str) -> CoreConfig:
     try:
         data = json.loads(text)
         tiers = tuple(TierConfig(**t) for t in data.pop("tiers"))
-        policy = PolicyConfig(**data.pop("policy"))
+        raw_policy = data.pop("policy")
+        raw_policy["shadows"] = tuple(raw_policy.get("shadows", ()))
+        policy = PolicyConfig(**raw_policy)
         return CoreConfig(tiers=tiers, policy=policy, **data)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"journaled config is not readable: {exc}") from exc
@@ -232,7 +248,11 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     pol = _table(root, "policy")
     policy_name = _take(pol, "name", "policy.", str, "lru")
     params = _take(pol, "params", "policy.", dict, {})
+    shadows = _take(pol, "shadows", "policy.", list, [])
     _no_extra(pol, "policy.")
+    for i, shadow in enumerate(shadows):
+        if not isinstance(shadow, str) or not shadow:
+            raise ConfigError(f"policy.shadows[{i}]: expected a policy name, got {shadow!r}")
 
     cost = _table(root, "cost")
     recompute_us = _take(cost, "recompute_us", "cost.", int, 5_000)
@@ -267,16 +287,18 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")
     if journal.max_group <= 0:
         raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
+    telemetry = telemetry_config_from_dict(_table(root, "telemetry"))
+    health = health_config_from_dict(_table(root, "health"))
     _no_extra(root, "")
 
     core = CoreConfig(
         tiers=tiers,
-        policy=PolicyConfig(policy_name, dict(params)),
+        policy=PolicyConfig(policy_name, dict(params), tuple(shadows)),
         prefetch_margin_us=margin,
         recompute_us=recompute_us,
         quant=quant,
     )
-    config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal)
+    config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal, telemetry=telemetry, health=health)
     validate_policy(core)
     return config
 
@@ -294,6 +316,62 @@ def validate_policy(core: CoreConfig) -> None:
         make_params(cls, core.policy.params)
     except PolicyError as exc:
         raise ConfigError(f"policy.params: {exc}") from exc
+    for i, shadow in enumerate(core.policy.shadows):
+        try:
+            shadow_cls = policy_class(shadow)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.shadows[{i}]: {exc}") from exc
+        if shadow_cls.offline:
+            raise ConfigError(f"policy.shadows[{i}]: {shadow} needs the future of the stream; it runs in replay only")
+    if cls.offline:
+        raise ConfigError(f"policy.name: {cls.name} needs the future of the stream; it runs in replay only, not live")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def config_to_toml(config: BrokerConfig) -> str:
+    """The config as TOML that ``parse_config`` reads back to an equal config."""
+    core, journal = config.core, config.journal
+    lines = [
+        "[broker]",
+        f"id = {_toml_value(config.broker_id)}",
+        f"listen = {_toml_value(config.listen)}",
+        "",
+        "[policy]",
+        f"name = {_toml_value(core.policy.name)}",
+        f"params = {_toml_value(core.policy.params)}",
+        f"shadows = {_toml_value(list(core.policy.shadows))}",
+        "",
+        "[prefetch]",
+        f"margin_us = {core.prefetch_margin_us}",
+        "",
+        "[cost]",
+        f"recompute_us = {core.recompute_us}",
+        f"quant = {_toml_value(core.quant)}",
+        "",
+        "[journal]",
+    ]
+    for field in dataclasses.fields(JournalConfig):
+        lines.append(f"{field.name} = {_toml_value(getattr(journal, field.name))}")
+    for tier in core.tiers:
+        lines += ["", "[[tiers]]"]
+        for field in dataclasses.fields(TierConfig):
+            key = "capacity" if field.name == "capacity_bytes" else field.name
+            lines.append(f"{key} = {_toml_value(getattr(tier, field.name))}")
+    lines += ["", *config.telemetry.toml_lines(), "", *config.health.toml_lines()]
+    return "\n".join(lines) + "\n"
 
 
 def parse_config(text: str) -> BrokerConfig:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
 
-from broker.config import QUANT, CoreConfig
+from broker.config import QUANT, ConfigError, CoreConfig
 from broker.stats import CoreStats
 from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, TierInfo, wants_pin
 from policies.registry import make_params, policy_class
@@ -109,17 +109,8 @@ class Core:
         self.ablate_intent = ablate_intent
         self.generation = generation
         self.clock = Clock()
-        cls = policy_class(config.policy.name)
-        if cls.offline and future_uses is None:
-            raise PolicyError(f"policy {cls.name} needs the future of the stream: it runs in replay only, not live")
-        params = make_params(cls, config.policy.params)
-        self.policy_name = cls.name or config.policy.name
-        infos = tuple(t.info(i) for i, t in enumerate(config.tiers))
-        future = FutureUses(future_uses, self.clock) if future_uses is not None and cls.offline else None
-        self.tiers = [
-            TierState(info, t.high_watermark, t.low_watermark, cls(PolicyContext(info, infos, self.clock, future), params))
-            for info, t in zip(infos, config.tiers, strict=True)
-        ]
+        self._future_uses = future_uses
+        self.tiers = self._build_tiers(config)
         self.tier_index = {t.name: t.index for t in self.tiers}
         self.blocks: dict[str, Block] = {}
         self.by_request: dict[str, set[str]] = {}
@@ -132,8 +123,35 @@ class Core:
         # Prefetch: (latest start time, tiebreak, version, block id); stale entries skipped.
         self._prefetch_heap: list[tuple[float, int, int, str]] = []
         self._heap_seq = 0
+        self._channels: list[list[int]] = []
+        self._settle(config)
+
+    def _build_tiers(self, config: CoreConfig) -> list[TierState]:
+        """Tier states with fresh policy instances for ``config`` (nothing else changes)."""
+        cls = policy_class(config.policy.name)
+        if cls.offline and self._future_uses is None:
+            raise PolicyError(f"policy {cls.name} needs the future of the stream: it runs in replay only, not live")
+        params = make_params(cls, config.policy.params)
+        infos = tuple(t.info(i) for i, t in enumerate(config.tiers))
+        future = FutureUses(self._future_uses, self.clock) if self._future_uses is not None and cls.offline else None
+        return [
+            TierState(info, t.high_watermark, t.low_watermark, cls(PolicyContext(info, infos, self.clock, future), params))
+            for info, t in zip(infos, config.tiers, strict=True)
+        ]
+
+    def _settle(self, config: CoreConfig) -> None:
+        """Derive what depends on the config and its policy (at start and on reconfigure)."""
+        self.config = config
+        self.policy_name = type(self.tiers[0].policy).name or config.policy.name
         # Cost model: per source tier, when each copy channel is next free (a min-heap).
-        self._channels = [[0] * t.channels for t in config.tiers]
+        # A reconfigure keeps the copies already booked on channels that remain.
+        old = self._channels
+        self._channels = [(old[i] if i < len(old) else []) for i in range(len(config.tiers))]
+        for i, t in enumerate(config.tiers):
+            channels = sorted(self._channels[i])[-t.channels :] if self._channels[i] else []
+            channels += [0] * (t.channels - len(channels))
+            heapq.heapify(channels)
+            self._channels[i] = channels
         self._scale, self._dequant_us = QUANT[config.quant]
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
@@ -142,6 +160,50 @@ class Core:
         # A deadline change needs the general update path only if some policy reorders on
         # updates or prefetch watches deadlines.
         self._plain_deadlines = not self._prefetching and all(type(t.policy).update is Policy.update for t in self.tiers)
+
+    def follow(self, config: CoreConfig, generation: int) -> None:
+        """A config change met in a stream (live reload, replay, recovery): reconfigure only
+        if it differs from the one in force (a restarted broker journals its config again)."""
+        if config != self.config:
+            self.reconfigure(config, generation)
+        else:
+            self.generation = generation
+
+    def reconfigure(self, config: CoreConfig, generation: int) -> None:
+        """Apply a new config between batches: limits, costs and policy may change; the
+        tiers (names, order) may not, and no tier may shrink below what it holds now.
+        A new policy is warmed from the current residency (least recently used first).
+        Raises ConfigError, naming the key, and then changes nothing."""
+        old_names = [t.name for t in self.tiers]
+        new_names = [t.name for t in config.tiers]
+        if old_names != new_names:
+            raise ConfigError(f"tiers: the tier list {old_names} cannot change while running (got {new_names}); restart the broker")
+        for i, (tier, tc) in enumerate(zip(self.tiers, config.tiers, strict=True)):
+            if tc.capacity_bytes < tier.used:
+                raise ConfigError(
+                    f"tiers[{i}].capacity: {tc.capacity_bytes} is below the {tier.used} bytes tier {tier.name!r} holds now; "
+                    "shrink it after blocks leave"
+                )
+        try:
+            tiers = self._build_tiers(config)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.name: {exc}") from exc
+        for new, old in zip(tiers, self.tiers, strict=True):
+            new.used, new.blocks, new.pinned_bytes = old.used, old.blocks, old.pinned_bytes
+        resident = sorted(
+            (b for b in self.blocks.values() if b.tier != DROPPED and not b.pinned), key=lambda b: (b.last_access_us, b.block_id)
+        )
+        for block in resident:
+            tiers[block.tier].policy.insert(block)
+        self.tiers = tiers
+        self.generation = generation
+        self._settle(config)
+        # Deadlines the old policy did not watch may matter to the new one.
+        self._prefetch_heap = []
+        if self._prefetching:
+            for block in self.blocks.values():
+                if block.deadline_us is not None and block.tier > 0:
+                    self._push_prefetch(block)
 
     # ---- time and directives -------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from broker.apply import apply_batch
-from broker.config import ConfigError, CoreConfig, PolicyConfig, core_from_json
+from broker.config import ConfigError, CoreConfig, core_from_json, with_policy
 from broker.core import Core, Directive
 from broker.journal import JournalSource
-from broker.journal.records import JournalRecord
+from broker.journal.records import JournalRecord, RecordKind
 from broker.service import directive_to_pb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -84,12 +84,25 @@ def journal_config(source: JournalSource) -> CoreConfig | None:
     return None
 
 
-BatchSource = Callable[[], Iterable[tuple[int, pb.IntentBatch]]]
-"""A re-iterable stream of (config generation, batch): a journal or an imported trace."""
+BatchSource = Callable[[], Iterable[tuple[int, Any]]]
+"""A re-iterable stream of (config generation, IntentBatch) from a journal or an imported
+trace; a journal's later config changes come in place as (generation, CoreConfig)."""
 
 
 def journal_batches(source: JournalSource) -> BatchSource:
-    return lambda: ((r.generation, pb.IntentBatch.FromString(r.payload)) for r in source.batches())
+    """The journal's batches, with its later config changes in place (CoreConfig items)."""
+
+    def items() -> Iterator[tuple[int, pb.IntentBatch | CoreConfig]]:
+        first = True
+        for r in source.ordered():
+            if r.kind == RecordKind.BATCH:
+                yield r.generation, pb.IntentBatch.FromString(r.payload)
+            elif first:
+                first = False  # the starting config: the caller's base
+            else:
+                yield r.generation, core_from_json(r.payload.decode())
+
+    return items
 
 
 def future_uses(batches: BatchSource) -> dict[str, list[int]]:
@@ -101,6 +114,8 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
     uses: dict[str, list[int]] = {}
     ordinal = -1
     for _, batch in batches():
+        if not isinstance(batch, pb.IntentBatch):
+            continue
         for event in batch.events:
             ordinal += 1
             kind = event.WhichOneof("kind")
@@ -115,7 +130,7 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
 def replay(
     batches: BatchSource,
     config: CoreConfig,
-    policy: str,
+    policy: str | None,
     params: dict[str, Any] | None = None,
     *,
     expected: Iterable[JournalRecord] | None = None,
@@ -127,10 +142,12 @@ def replay(
 
     With ``expected`` (the journal's DIRECTIVES records), every DirectiveBatch the replay
     produces is compared, in order, with the journaled one. ``sink`` collects every
-    directive the replay decides.
+    directive the replay decides. ``policy`` None follows the journal exactly: its own
+    policy and every config change as the live broker applied it (what verification needs).
     """
-    core_config = dataclasses.replace(config, policy=PolicyConfig(policy, dict(params or {})))
-    offline = policy_class(policy).offline
+    core_config = config if policy is None else with_policy(config, policy, params)
+    live_params = params
+    offline = policy_class(core_config.policy.name).offline
     core = Core(core_config, future_uses=future_uses(batches) if offline else None, ablate_intent=ablate_intent)
     expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
     mismatches = 0
@@ -139,6 +156,9 @@ def replay(
     started = time.perf_counter()
     next_report = started + 0.5
     for generation, batch in batches():
+        if isinstance(batch, CoreConfig):
+            core.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
+            continue
         core.generation = generation
         outcome = apply_batch(core, batch)
         n_batches += 1
@@ -197,7 +217,10 @@ def replay_source(
     results = []
     for name in policies:
         check = verify and name == live_policy
-        results.append(replay(journal_batches(source), cfg, name, expected=source.directives() if check else None))
+        if check:
+            results.append(replay(journal_batches(source), cfg, None, expected=source.directives()))
+        else:
+            results.append(replay(journal_batches(source), cfg, name))
     return results
 
 

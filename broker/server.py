@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from broker import health as broker_health
+from broker import telemetry as broker_telemetry
 from broker.config import BrokerConfig
 from broker.journal import Journal, JournalRecord, JournalSource, open_journal
 from broker.journal.base import NullJournal
@@ -149,6 +152,12 @@ class BrokerServicer:
     async def GetStats(self, request: spb.GetStatsRequest, context: grpc.aio.ServicerContext) -> spb.GetStatsResponse:
         return self.service.stats()
 
+    async def Reload(self, request: spb.ReloadRequest, context: grpc.aio.ServicerContext) -> spb.ReloadResponse:
+        return self.service.reload(request.config_toml or None)
+
+    async def GetConfig(self, request: spb.GetConfigRequest, context: grpc.aio.ServicerContext) -> spb.GetConfigResponse:
+        return self.service.get_config()
+
 
 def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
     """Register the service; Stream and Submit take raw bytes (journaled as received)."""
@@ -169,6 +178,16 @@ def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
             request_deserializer=spb.GetStatsRequest.FromString,
             response_serializer=spb.GetStatsResponse.SerializeToString,
         ),
+        "Reload": grpc.unary_unary_rpc_method_handler(
+            servicer.Reload,
+            request_deserializer=spb.ReloadRequest.FromString,
+            response_serializer=spb.ReloadResponse.SerializeToString,
+        ),
+        "GetConfig": grpc.unary_unary_rpc_method_handler(
+            servicer.GetConfig,
+            request_deserializer=spb.GetConfigRequest.FromString,
+            response_serializer=spb.GetConfigResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
@@ -176,29 +195,48 @@ def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
 class RunningBroker:
     """A started broker: its port, service and a way to stop it (used by serve and demo)."""
 
-    def __init__(self, server: grpc.aio.Server, service: BrokerService, port: int) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        service: BrokerService,
+        port: int,
+        health: broker_health.Health | None = None,
+        telemetry: broker_telemetry.Telemetry | None = None,
+    ) -> None:
         self.server = server
         self.service = service
         self.port = port
+        self.health = health
+        self.telemetry = telemetry
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop taking calls, let running ones finish within ``grace``, flush the journal."""
+        if self.health is not None:
+            await self.health.stop()  # NOT_SERVING first: probes and balancers stop sending
         await self.server.stop(grace)
         await self.service.journal.close()
+        if self.telemetry is not None:
+            await self.telemetry.stop()  # last: the final OTLP push sees the flushed journal
 
 
 def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
-    """The batches already in the journal (read once the writer has cut any torn tail)."""
+    """The batches and config changes already in the journal, in order (read once the
+    writer has cut any torn tail)."""
     if not config.journal.recover or isinstance(journal, NullJournal):
         return []
     url = config.journal.url
     if isinstance(journal, RedisJournal):
         source = JournalSource(journal.url, journal.stream)
-        return list(source.batches()) if stream_exists(journal.url, journal.stream) else []
-    return list(JournalSource(url).batches())
+        return list(source.ordered()) if stream_exists(journal.url, journal.stream) else []
+    return list(JournalSource(url).ordered())
 
 
-async def start_broker(config: BrokerConfig) -> RunningBroker:
+async def start_broker(
+    config: BrokerConfig,
+    config_path: str | None = None,
+    overrides: Callable[[BrokerConfig], BrokerConfig] | None = None,
+) -> RunningBroker:
+    """``overrides`` re-applies command-line settings to a config file read again on reload."""
     journal = open_journal(
         config.journal.url,
         stream=config.stream_key(),
@@ -208,7 +246,7 @@ async def start_broker(config: BrokerConfig) -> RunningBroker:
     )
     await journal.start()
     recovered = await asyncio.to_thread(_recoverable, config, journal)
-    service = BrokerService(config, journal, recovered)
+    service = BrokerService(config, journal, recovered, config_path, overrides)
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(
@@ -218,21 +256,61 @@ async def start_broker(config: BrokerConfig) -> RunningBroker:
         ]
     )
     add_servicer(BrokerServicer(service), server)
+    health = await broker_health.install(server, service, config)
+    try:
+        telemetry = await broker_telemetry.install(server, service, config)
+    except BaseException:
+        await health.stop()
+        await journal.close()
+        raise
     port = server.add_insecure_port(config.listen)
     if port == 0:
+        await health.stop()
+        await telemetry.stop()
         await journal.close()
         raise OSError(f"cannot listen on {config.listen}")
     await server.start()
-    return RunningBroker(server, service, port)
+    return RunningBroker(server, service, port, health, telemetry)
 
 
-async def serve(config: BrokerConfig, *, on_ready: Callable[[RunningBroker], None] | None = None, grace: float = 5.0) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully."""
-    broker = await start_broker(config)
+async def watch_config(service: BrokerService, path: str, interval: float = 1.0) -> None:
+    """Reload when the config file changes (its mtime, size or inode: ConfigMap updates
+    swap a symlink, editors replace the file)."""
+
+    def signature() -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    last = signature()
+    while True:
+        await asyncio.sleep(interval)
+        now = signature()
+        if now is not None and now != last:
+            last = now
+            result = service.reload()
+            log.info("config file changed: %s", "reloaded" if result.ok else f"refused: {result.error}")
+
+
+async def serve(
+    config: BrokerConfig,
+    *,
+    config_path: str | None = None,
+    on_ready: Callable[[RunningBroker], None] | None = None,
+    grace: float = 5.0,
+    overrides: Callable[[BrokerConfig], BrokerConfig] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then stop gracefully. SIGHUP, or a change of the
+    config file, reloads the config."""
+    broker = await start_broker(config, config_path, overrides)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, broker.service.reload)
+    watcher = loop.create_task(watch_config(broker.service, config_path)) if config_path else None
     host = config.listen.rsplit(":", 1)[0]
     log.info(
         "kvbroker %s listening on %s:%d policy=%s journal=%s",
@@ -245,12 +323,19 @@ async def serve(config: BrokerConfig, *, on_ready: Callable[[RunningBroker], Non
     if on_ready is not None:
         on_ready(broker)
     await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
     log.info("stopping: finishing calls (grace %.1fs) and flushing the journal", grace)
     await broker.stop(grace)
     log.info("stopped; journal records written: %d", broker.service.journal.written)
 
 
-def run(config: BrokerConfig, on_ready: Callable[[RunningBroker], None] | None = None) -> None:
+def run(
+    config: BrokerConfig,
+    config_path: str | None = None,
+    on_ready: Callable[[RunningBroker], None] | None = None,
+    overrides: Callable[[BrokerConfig], BrokerConfig] | None = None,
+) -> None:
     import uvloop
 
-    uvloop.run(serve(config, on_ready=on_ready))
+    uvloop.run(serve(config, config_path=config_path, on_ready=on_ready, overrides=overrides))

@@ -7,16 +7,31 @@ of the event loop: apply order and journal order are the same by construction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
+import logging
+from collections.abc import Callable, Iterable
 
 from broker.apply import BatchOutcome, apply_batch
-from broker.config import BrokerConfig, core_to_json
+from broker.config import (
+    BrokerConfig,
+    ConfigError,
+    CoreConfig,
+    config_to_toml,
+    core_from_json,
+    core_to_json,
+    load_config,
+    parse_config,
+    with_policy,
+)
 from broker.core import Core, Directive
 from broker.journal import Journal, JournalRecord, RecordKind
+from broker.stats import CoreStats
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import Block
+
+log = logging.getLogger("kvbroker.service")
 
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 0
@@ -66,27 +81,136 @@ def outcome_to_pb(batch: pb.IntentBatch, outcome: BatchOutcome, generation: int)
     )
 
 
+def arm_stats(name: str, role: str, core: Core) -> spb.ArmStats:
+    """What one policy did: the primary arm or a shadow, side by side in GetStats."""
+    s = core.stats
+    return spb.ArmStats(
+        name=name,
+        policy=core.policy_name,
+        role=role,
+        accesses=s.accesses,
+        hit_rate=s.hit_rate(),
+        decode_critical_accesses=s.dc_accesses,
+        decode_critical_misses=s.dc_misses,
+        mean_latency_us=s.latency_total_us / s.accesses if s.accesses else 0.0,
+        p99_latency_us=s.latency_percentile(0.99),
+        evictions=s.evictions,
+        demotions=s.demotions,
+        prefetches=s.prefetches,
+        bytes_moved=s.bytes_up + s.bytes_down,
+        deadline_misses=s.deadline_misses,
+    )
+
+
 class BrokerService:
-    def __init__(self, config: BrokerConfig, journal: Journal, recovered: Iterable[JournalRecord] = ()) -> None:
-        """``recovered``: the journal's batches so far, applied first (crash recovery)."""
+    def __init__(
+        self,
+        config: BrokerConfig,
+        journal: Journal,
+        recovered: Iterable[JournalRecord] = (),
+        config_path: str | None = None,
+        overrides: Callable[[BrokerConfig], BrokerConfig] | None = None,
+    ) -> None:
+        """``recovered``: the journal's BATCH and CONFIG records so far, applied first (crash
+        recovery); ``config_path``: the file a reload without text reads again."""
         self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
         self.journal = journal
-        self.core = Core(config.core)
         self.recovered_batches = 0
-        for record in recovered:
+        records = list(recovered)
+        first = next((r for r in records if r.kind == RecordKind.CONFIG), None)
+        start = core_from_json(first.payload.decode()) if first is not None else config.core
+        self.core = Core(start, generation=first.generation if first is not None else 1)
+        for record in records:
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
+            if record.kind == RecordKind.CONFIG:
+                self.core.follow(core_from_json(record.payload.decode()), record.generation)
+                continue
             self.core.generation = record.generation
             apply_batch(self.core, pb.IntentBatch.FromString(record.payload))
             self.core.take_directives()
             self.recovered_batches += 1
+        self.shadows: dict[str, Core] = {}
         self.journal_directives = config.journal.directives
         self.ack_after_journal = config.journal.ack_after == "journal"
         # Whether the last submitted batch was applied, and the ordinal of its last record.
         self.last_applied = False
         self.last_ordinal = 0
         self.streams = 0
-        self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(config.core).encode()))
+        self.reloads = 0
+        if first is None or config.core != self.core.config:
+            generation = self.generation + 1 if first is not None else self.generation
+            self.core.reconfigure(config.core, generation)
+            self._journal_config()
+        self._set_shadows(config.core)
+
+    def _journal_config(self) -> None:
+        self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core.config).encode()))
+
+    def _set_shadows(self, core_config: CoreConfig) -> None:
+        """Shadows follow config changes with their own policy, exactly as a replay of the
+        journal through that policy does; one added later starts from a copy of the
+        primary's residency."""
+        shadows: dict[str, Core] = {}
+        for name in core_config.policy.shadows:
+            shadow_config = with_policy(core_config, name)
+            current = self.shadows.get(name)
+            if current is None:
+                current = copy.deepcopy(self.core)
+                current.stats = CoreStats(len(current.tiers))
+                current.reconfigure(shadow_config, self.generation)
+            else:
+                current.follow(shadow_config, self.generation)
+            shadows[name] = current
+        self.shadows = shadows
+
+    def reload(self, text: str | None = None) -> spb.ReloadResponse:
+        """Apply a new config (TOML text, or the config file read again) between batches.
+        Validated in full first; a refused one changes nothing and says why."""
+        try:
+            if text:
+                new = parse_config(text)
+            elif self.config_path:
+                new = load_config(self.config_path)
+            else:
+                raise ConfigError("no config text given and the broker runs without a config file")
+            if self.overrides is not None:
+                new = self.overrides(new)  # the command line wins, as it did at start
+            for key, old_value, new_value in (
+                ("broker.id", self.config.broker_id, new.broker_id),
+                ("broker.listen", self.config.listen, new.listen),
+                ("journal", self.config.journal, new.journal),
+                ("telemetry", self.config.telemetry, new.telemetry),
+                ("health", self.config.health, new.health),
+            ):
+                if old_value != new_value:
+                    raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
+            if new.core != self.core.config or new.core.policy.shadows != tuple(self.shadows):
+                previous = self.core.config
+                self.core.reconfigure(new.core, self.generation + 1)
+                try:
+                    self._set_shadows(new.core)
+                except ConfigError:
+                    self.core.reconfigure(previous, self.generation)
+                    raise
+                self._journal_config()
+        except ConfigError as exc:
+            log.warning("config reload refused: %s", exc)
+            return spb.ReloadResponse(ok=False, config_generation=self.generation, error=str(exc), policy=self.core.policy_name)
+        self.config = new
+        self.reloads += 1
+        log.info("config reloaded: generation %d, policy %s", self.generation, self.core.policy_name)
+        return spb.ReloadResponse(ok=True, config_generation=self.generation, policy=self.core.policy_name)
+
+    def get_config(self) -> spb.GetConfigResponse:
+        return spb.GetConfigResponse(
+            config_toml=config_to_toml(self.config),
+            config_generation=self.generation,
+            policy=self.core.policy_name,
+            config_path=self.config_path or "",
+        )
 
     @property
     def generation(self) -> int:
@@ -106,6 +230,9 @@ class BrokerService:
     def submit(self, batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
         """Apply one batch and journal it (as received) when it was applied."""
         outcome = apply_batch(self.core, batch)
+        for shadow in self.shadows.values():
+            apply_batch(shadow, batch)
+            shadow.take_directives()
         generation = self.generation
         result = outcome_to_pb(batch, outcome, generation)
         self.last_applied = outcome.applied
@@ -181,4 +308,5 @@ class BrokerService:
             journal_errors=self.journal.errors,
             journal=self.journal.description,
             clients=self.streams,
+            arms=[arm_stats(self.core.policy_name, "primary", self.core), *(arm_stats(n, "shadow", c) for n, c in self.shadows.items())],
         )

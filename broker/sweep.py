@@ -92,7 +92,9 @@ def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
     expected = None
     if job.verify and job.source.journal is not None:
         expected = JournalSource(job.source.journal, job.source.stream).directives()
-    result = replay(batches, job.config, job.policy, expected=expected, progress=progress, ablate_intent=job.source.ablate_intent)
+    # Verification follows the journal exactly (its policy and config changes as applied).
+    policy = None if expected is not None else job.policy
+    result = replay(batches, job.config, policy, expected=expected, progress=progress, ablate_intent=job.source.ablate_intent)
     record = result.as_record()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token

@@ -41,7 +41,8 @@ def hits(batches: list[pb.IntentBatch], policy: str, tokens: int) -> dict[str, A
 def main() -> int:
     batches = prompt_batches()
     table = {name: {str(t): hits(batches, name, t) for t in SIZES_TOKENS} for name in registry.names()}
-    json.dump({"trace": "mooncake synthetic_trace.jsonl, --no-decode, one tier", "sizes_tokens": SIZES_TOKENS, "policies": table}, sys.stdout, indent=1)
+    header = {"trace": "mooncake synthetic_trace.jsonl, --no-decode, one tier", "sizes_tokens": SIZES_TOKENS}
+    json.dump({**header, "policies": table}, sys.stdout, indent=1)
     print()
     return 0
 

@@ -95,6 +95,17 @@ class JournalSource:
             if record.kind == kind:
                 yield record
 
+    def ordered(self) -> Iterator[JournalRecord]:
+        """BATCH and CONFIG records in the order the broker wrote them (what replay and
+        recovery follow: a config change applies between the batches around it)."""
+        if self.url.startswith(_REDIS_SCHEMES):
+            conn, key = self._redis()
+            yield from read_redis_records(conn, key)
+            return
+        for record in read_file_journal(file_path(self.url)):
+            if record.kind != RecordKind.DIRECTIVES:
+                yield record
+
     def batches(self) -> Iterator[JournalRecord]:
         """Accepted batches, in the order the broker applied them."""
         return self._records(RecordKind.BATCH)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from clients.traces import kvds, profiles
+from clients.traces import kvds, profiles, vllm
 from clients.traces.base import SkipCounter, TraceError
 from clients.traces.mooncake import MooncakeOptions, read_mooncake
 from kvbroker.v1 import intent_pb2 as pb
@@ -48,6 +48,8 @@ FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.Intent
     "kvds-requests": kvds.requests_format,
     # The trace "path" is a profile name (clients.traces.profiles.PROFILES).
     "profile": profiles.profile_format,
+    # A capture written by `kvbroker vllm-bridge --capture` (format in clients.vllm_events).
+    "vllm-events": vllm.capture_format,
 }
 
 

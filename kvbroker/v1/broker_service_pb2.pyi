@@ -126,8 +126,74 @@ class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReloadRequest(_message.Message):
+    __slots__ = ("config_toml",)
+    CONFIG_TOML_FIELD_NUMBER: _ClassVar[int]
+    config_toml: str
+    def __init__(self, config_toml: _Optional[str] = ...) -> None: ...
+
+class ReloadResponse(_message.Message):
+    __slots__ = ("ok", "config_generation", "error", "policy")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    config_generation: int
+    error: str
+    policy: str
+    def __init__(self, ok: _Optional[bool] = ..., config_generation: _Optional[int] = ..., error: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
+
+class GetConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetConfigResponse(_message.Message):
+    __slots__ = ("config_toml", "config_generation", "policy", "config_path")
+    CONFIG_TOML_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
+    config_toml: str
+    config_generation: int
+    policy: str
+    config_path: str
+    def __init__(self, config_toml: _Optional[str] = ..., config_generation: _Optional[int] = ..., policy: _Optional[str] = ..., config_path: _Optional[str] = ...) -> None: ...
+
+class ArmStats(_message.Message):
+    __slots__ = ("name", "policy", "role", "accesses", "hit_rate", "decode_critical_accesses", "decode_critical_misses", "mean_latency_us", "p99_latency_us", "evictions", "demotions", "prefetches", "bytes_moved", "deadline_misses")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ACCESSES_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CRITICAL_ACCESSES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CRITICAL_MISSES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LATENCY_US_FIELD_NUMBER: _ClassVar[int]
+    P99_LATENCY_US_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFETCHES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    policy: str
+    role: str
+    accesses: int
+    hit_rate: float
+    decode_critical_accesses: int
+    decode_critical_misses: int
+    mean_latency_us: float
+    p99_latency_us: int
+    evictions: int
+    demotions: int
+    prefetches: int
+    bytes_moved: int
+    deadline_misses: int
+    def __init__(self, name: _Optional[str] = ..., policy: _Optional[str] = ..., role: _Optional[str] = ..., accesses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., mean_latency_us: _Optional[float] = ..., p99_latency_us: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., prefetches: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., deadline_misses: _Optional[int] = ...) -> None: ...
+
 class GetStatsResponse(_message.Message):
-    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients")
+    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms")
     class EventsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +232,7 @@ class GetStatsResponse(_message.Message):
     JOURNAL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    ARMS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     policy: str
     config_generation: int
@@ -183,4 +250,5 @@ class GetStatsResponse(_message.Message):
     journal_errors: int
     journal: str
     clients: int
-    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ...) -> None: ...
+    arms: _containers.RepeatedCompositeFieldContainer[ArmStats]
+    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmStats, _Mapping]]] = ...) -> None: ...

@@ -54,6 +54,16 @@ class BrokerServiceStub:
                 request_serializer=kvbroker_dot_v1_dot_broker__service__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.Reload = channel.unary_unary(
+                '/kvbroker.v1.BrokerService/Reload',
+                request_serializer=kvbroker_dot_v1_dot_broker__service__pb2.ReloadRequest.SerializeToString,
+                response_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.ReloadResponse.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/kvbroker.v1.BrokerService/GetConfig',
+                request_serializer=kvbroker_dot_v1_dot_broker__service__pb2.GetConfigRequest.SerializeToString,
+                response_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.GetConfigResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -88,6 +98,21 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reload(self, request, context):
+        """Apply a new config (TOML text, or the config file read again). It is validated first;
+        an invalid one is refused with the reason and the running config stays. Streams go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
+        """The config in force and its generation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +135,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.GetStatsRequest.FromString,
                     response_serializer=kvbroker_dot_v1_dot_broker__service__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'Reload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reload,
+                    request_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.ReloadRequest.FromString,
+                    response_serializer=kvbroker_dot_v1_dot_broker__service__pb2.ReloadResponse.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=kvbroker_dot_v1_dot_broker__service__pb2.GetConfigRequest.FromString,
+                    response_serializer=kvbroker_dot_v1_dot_broker__service__pb2.GetConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +255,60 @@ class BrokerService:
             '/kvbroker.v1.BrokerService/GetStats',
             kvbroker_dot_v1_dot_broker__service__pb2.GetStatsRequest.SerializeToString,
             kvbroker_dot_v1_dot_broker__service__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvbroker.v1.BrokerService/Reload',
+            kvbroker_dot_v1_dot_broker__service__pb2.ReloadRequest.SerializeToString,
+            kvbroker_dot_v1_dot_broker__service__pb2.ReloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvbroker.v1.BrokerService/GetConfig',
+            kvbroker_dot_v1_dot_broker__service__pb2.GetConfigRequest.SerializeToString,
+            kvbroker_dot_v1_dot_broker__service__pb2.GetConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,10 +13,16 @@ from tests.builders import access, alloc
 from tests.conftest import SMALL_TIERS
 
 
-def test_belady_is_refused_by_a_live_core() -> None:
-    config = parse_config('[policy]\nname = "belady"\n' + SMALL_TIERS)
+def test_belady_is_refused_by_a_live_core_and_by_a_broker_config() -> None:
+    import dataclasses
+
+    from broker.config import ConfigError, PolicyConfig
+
+    with pytest.raises(ConfigError, match=r"policy\.name: belady .*replay only"):
+        parse_config('[policy]\nname = "belady"\n' + SMALL_TIERS)
+    core = dataclasses.replace(parse_config(SMALL_TIERS).core, policy=PolicyConfig("belady"))
     with pytest.raises(PolicyError, match="replay only"):
-        Core(config.core)
+        Core(core)
 
 
 def test_belady_evicts_the_block_whose_next_use_is_farthest() -> None:

@@ -1,0 +1,118 @@
+"""`kvbroker vllm-bridge`: stream a vLLM engine's KV-cache events into the broker.
+
+Kept apart from broker/cli.py so the verb is one ``add_parser(subparsers)`` call to wire in.
+Prints one JSON line when it starts (``{"event": "bridging", ...}``) and one when it stops
+(``{"event": "stopped", ...}`` with every counter); exits 0 on SIGTERM/SIGINT, 1 if the
+broker refused the bridge for good, 2 on a bad argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from broker import kvsize
+from clients.broker_client import BrokerError, WhenFull
+from clients.vllm_events import DEFAULT_TIER_MAP, format_tier_map, parse_tier_map
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _tier_map(text: str) -> tuple[tuple[str, str], ...]:
+    try:
+        return parse_tier_map(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add the ``vllm-bridge`` verb to the kvbroker command's subparsers."""
+    p = subparsers.add_parser("vllm-bridge", help="stream a vLLM engine's KV-cache events (ZMQ) into the broker")
+    p.add_argument("--events", required=True, help="vLLM's KV-events PUB endpoint, tcp://HOST:5557 (rank r: port + r)")
+    p.add_argument("--replay", help="vLLM's replay ROUTER endpoint, tcp://HOST:5558 (rank r: port + r); gaps are filled from it")
+    p.add_argument("--topic", default="", help="topic prefix to subscribe to (vLLM's kv_events_config topic; default all)")
+    p.add_argument("--broker", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--model", required=True, help=f"model name ({', '.join(kvsize.known_models())}) or path to a config.json")
+    p.add_argument("--dtype", choices=list(kvsize.DTYPE_BYTES), default="fp16", help="KV-cache scalar type (default fp16)")
+    p.add_argument("--block-bytes", type=_positive, help="bytes per block, instead of the model's figure")
+    p.add_argument(
+        "--tier-map",
+        type=_tier_map,
+        default=DEFAULT_TIER_MAP,
+        help=f"vLLM medium to broker tier, top tier first; * for any other medium (default {format_tier_map(DEFAULT_TIER_MAP)})",
+    )
+    p.add_argument("--dp-size", type=_positive, default=1, help="data-parallel ranks: 0..N-1, each on port + rank (default 1)")
+    p.add_argument("--client-id", default="vllm", help="client id prefix; rank r is <prefix>-dp<r> (default vllm)")
+    p.add_argument("--tenant", default="", help="tenant of every block")
+    p.add_argument("--capture", metavar="PATH", help="also write what is received to PATH (replay it with --format vllm-events)")
+    p.add_argument(
+        "--when-full",
+        choices=[w.value for w in WhenFull],
+        default=WhenFull.BLOCK.value,
+        help="when --max-pending-batches are unanswered: block (back up into ZMQ; replay repairs), drop_oldest, raise",
+    )
+    p.add_argument("--max-pending-batches", type=_positive, default=1024, help="unanswered batches per rank (default 1024)")
+    p.add_argument("--replay-timeout", type=float, default=2.0, help="seconds to wait for a replay reply (default 2)")
+    p.add_argument("--no-clear-on-start", action="store_true", help="keep what the broker holds for these client ids")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_vllm_bridge)
+    return p
+
+
+def cmd_vllm_bridge(args: argparse.Namespace) -> int:
+    from clients.vllm_bridge import BridgeConfig, VllmBridge
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = BridgeConfig(
+            events=args.events,
+            broker=args.broker,
+            model=args.model,
+            replay=args.replay,
+            topic=args.topic,
+            dp_size=args.dp_size,
+            client_id=args.client_id,
+            tier_map=args.tier_map,
+            dtype=args.dtype,
+            block_bytes=args.block_bytes,
+            tenant=args.tenant,
+            capture=args.capture,
+            when_full=args.when_full,
+            max_pending_batches=args.max_pending_batches,
+            replay_timeout_s=args.replay_timeout,
+            clear_on_start=not args.no_clear_on_start,
+        )
+        bridge = VllmBridge(config)
+    except (ValueError, OSError) as exc:
+        print(f"kvbroker vllm-bridge: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        clients = [rank.client_id for rank in bridge.ranks]
+        print(json.dumps({"event": "bridging", "clients": clients, "events": [r.events_endpoint for r in bridge.ranks]}), flush=True)
+        code = 0
+        try:
+            await bridge.run(stop)
+        except BrokerError as exc:
+            print(f"kvbroker vllm-bridge: {exc}", file=sys.stderr)
+            code = 1
+        print(json.dumps({"event": "stopped", **bridge.snapshot()}), flush=True)
+        return code
+
+    return asyncio.run(main())
