@@ -145,6 +145,53 @@ def _write_csv(records: list[dict[str, Any]], target: str) -> None:
             f.write(buffer.getvalue())
 
 
+ARM_FIELDS = (
+    "name",
+    "policy",
+    "role",
+    "accesses",
+    "hit_rate",
+    "decode_critical_accesses",
+    "decode_critical_misses",
+    "mean_latency_us",
+    "p99_latency_us",
+    "evictions",
+    "demotions",
+    "prefetches",
+    "bytes_moved",
+    "deadline_misses",
+)
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """The primary policy and its shadows, side by side, from a running broker."""
+    import grpc
+
+    from clients.admin import get_stats
+
+    try:
+        stats = get_stats(args.target, timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"kvbroker ab: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 2
+    arms = [{field: getattr(arm, field) for field in ARM_FIELDS} for arm in stats.arms]
+    if args.json:
+        print(json.dumps({"config_generation": stats.config_generation, "arms": arms}, indent=2))
+        return 0
+    print(f"config generation {stats.config_generation}")
+    print(
+        f"{'arm':<20} {'role':<8} {'accesses':>10} {'hit_rate':>9} {'dc_miss':>8} "
+        f"{'mean_us':>9} {'p99_us':>9} {'evict':>7} {'demote':>7} {'prefetch':>8}"
+    )
+    for a in arms:
+        dc = a["decode_critical_misses"] / a["decode_critical_accesses"] if a["decode_critical_accesses"] else 0.0
+        print(
+            f"{a['name']:<20} {a['role']:<8} {a['accesses']:>10} {a['hit_rate']:>9.4f} {dc:>8.4f} "
+            f"{a['mean_latency_us']:>9.1f} {a['p99_latency_us']:>9} {a['evictions']:>7} {a['demotions']:>7} {a['prefetches']:>8}"
+        )
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     import os
 
@@ -345,6 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ab", help="the primary policy and its shadows side by side, from a running broker")
+    p.add_argument("--target", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--json", action="store_true", help="one JSON object: config_generation and arms")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=cmd_ab)
 
     p = sub.add_parser("replay", help="replay a journal or a trace through policies and compare them")
     p.add_argument("--journal", help="file://PATH or redis://HOST:PORT/DB[?stream=KEY]")

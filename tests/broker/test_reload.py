@@ -173,3 +173,39 @@ async def test_a_reload_may_not_shrink_a_tier_below_what_it_holds() -> None:
         assert broker.service.generation == 1
     finally:
         await broker.stop(grace=1)
+
+
+def test_ab_shows_the_primary_and_its_shadows_side_by_side(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(config_text("priority_lru", 'shadows = ["lru", "arc"]'))
+    proc = subprocess.Popen(
+        [str(KVBROKER), "serve", "--config", str(config), "--listen", "127.0.0.1:0", "--journal", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    port = json.loads(proc.stdout.readline())["port"]
+    try:
+
+        async def drive() -> None:
+            async with BrokerClient(f"127.0.0.1:{port}", "engine", max_batch_events=10) as client:
+                for i in range(60):
+                    await client.allocate(f"b{i}", 100, ts_us=i)
+                    if i > 30:
+                        await client.access([f"b{i - 25}"], ts_us=i)
+                await client.flush()
+
+        asyncio.run(drive())
+        done = subprocess.run([str(KVBROKER), "ab", "--target", f"127.0.0.1:{port}", "--json"], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        record = json.loads(done.stdout)
+        arms = {a["name"]: a for a in record["arms"]}
+        assert set(arms) == {"priority_lru", "lru", "arc"}
+        assert arms["priority_lru"]["role"] == "primary" and arms["lru"]["role"] == "shadow"
+        assert all(a["accesses"] == 29 for a in arms.values())
+        human = subprocess.run([str(KVBROKER), "ab", "--target", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
+        assert "arc" in human.stdout and "shadow" in human.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
