@@ -53,15 +53,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
+    """GetStats of --target, or None after saying on stderr why it could not be had."""
     import grpc
 
     from clients.admin import get_stats
 
     try:
-        stats = get_stats(args.target, timeout=args.timeout)
+        return get_stats(args.target, timeout=args.timeout)
     except grpc.RpcError as exc:
-        print(f"kvbroker status: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"kvbroker {verb}: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    stats = _stats_or_none("status", args)
+    if stats is None:
         return 2
     tiers = [
         {"name": t.name, "blocks": t.blocks, "bytes": t.bytes, "capacity_bytes": t.capacity_bytes, "pinned_bytes": t.pinned_bytes}
@@ -165,14 +172,8 @@ ARM_FIELDS = (
 
 def cmd_ab(args: argparse.Namespace) -> int:
     """The primary policy and its shadows, side by side, from a running broker."""
-    import grpc
-
-    from clients.admin import get_stats
-
-    try:
-        stats = get_stats(args.target, timeout=args.timeout)
-    except grpc.RpcError as exc:
-        print(f"kvbroker ab: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+    stats = _stats_or_none("ab", args)
+    if stats is None:
         return 2
     arms = [{field: getattr(arm, field) for field in ARM_FIELDS} for arm in stats.arms]
     if args.json:

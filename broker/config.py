@@ -16,7 +16,7 @@ from broker.health import HealthConfig, health_config_from_dict
 from broker.telemetry import TelemetryConfig, telemetry_config_from_dict
 from policies.base import TierInfo
 
-_UNITS = {
+SIZE_UNITS = {
     "": 1,
     "b": 1,
     "kb": 10**3,
@@ -28,7 +28,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 class ConfigError(ValueError):
@@ -41,13 +41,13 @@ def parse_size(value: Any, key: str) -> int:
         raise ConfigError(f"{key}: expected a size in bytes, got {value!r}")
     if isinstance(value, int):
         number, unit = float(value), ""
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+    elif isinstance(value, str) and (m := SIZE_RE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
     else:
         raise ConfigError(f"{key}: expected a size such as 16GiB or 4096, got {value!r}")
-    if unit not in _UNITS:
+    if unit not in SIZE_UNITS:
         raise ConfigError(f"{key}: unknown size unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    size = int(number * _UNITS[unit])
+    size = int(number * SIZE_UNITS[unit])
     if size < 0:
         raise ConfigError(f"{key}: must be >= 0, got {value!r}")
     return size

@@ -429,12 +429,11 @@ class Core:
         block.critical = block.critical or intent.critical
         if intent.due_us is not None and (block.due_us is None or intent.due_us < block.due_us):
             block.due_us = intent.due_us
-        if not self._repin(block, was_pinned) and block.tier != DROPPED and not block.pinned:
-            self.tiers[block.tier].policy.update(block)
+        if not self._repin(block, was_pinned):
+            self._intent_changed(block)
         self._count_prefix_use(block)
         self._touch(block, {block.block_id})
-        if self._prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
-            self._push_prefetch(block)
+        self._deadline_moved(block, old_deadline)
 
     def _count_prefix_use(self, block: Block) -> None:
         """A prompt brought a block the broker already had: a prefix hit if still resident."""
@@ -565,10 +564,9 @@ class Core:
         was_pinned = block.pinned
         old_deadline = block.deadline_us
         apply(block)
-        if not self._repin(block, was_pinned) and block.tier != DROPPED and not block.pinned:
-            self.tiers[block.tier].policy.update(block)
-        if self._prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
-            self._push_prefetch(block)
+        if not self._repin(block, was_pinned):
+            self._intent_changed(block)
+        self._deadline_moved(block, old_deadline)
 
     def _repin(self, block: Block, was_pinned: bool) -> bool:
         """Follow a pin change in the tier's accounting; True if the pin state changed."""
@@ -596,8 +594,8 @@ class Core:
                 continue  # another request still holds the shared block
             was_pinned = block.pinned
             block.released = True
-            if not self._repin(block, was_pinned) and block.tier != DROPPED:
-                self.tiers[block.tier].policy.update(block)
+            if not self._repin(block, was_pinned):
+                self._intent_changed(block)
 
     def free(self, blocks: list[Block]) -> None:
         """Blocks are gone; their bytes are free."""
@@ -647,6 +645,11 @@ class Core:
             parent.children -= 1
             if parent.children == 0:
                 self._intent_changed(parent)
+
+    def _deadline_moved(self, block: Block, old_deadline: int | None) -> None:
+        """Re-index a block for prefetch when its deadline changed below the top tier."""
+        if self._prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
+            self._push_prefetch(block)
 
     def _intent_changed(self, block: Block) -> None:
         """Tell the block's tier policy something it may order by has changed."""

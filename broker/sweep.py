@@ -10,32 +10,28 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import multiprocessing
-import re
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.config import ConfigError, CoreConfig, TierConfig
+from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig
 from broker.journal import JournalSource
 from broker.replay import BatchSource, journal_batches, replay
 from clients.traces import SkipCounter, TraceOptions, read_trace
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
 
 def parse_capacity(text: str, bytes_per_token: int, flag: str) -> int:
     """Bytes from "16GiB", "4096", or "1000000tok" (tokens x bytes per token)."""
-    m = _SIZE.match(text)
-    if not m:
+    m = SIZE_RE.match(text)
+    if not m or m.group(1).startswith("-"):
         raise ConfigError(f"{flag}: expected a size such as 4GiB or 1000000tok, got {text!r}")
     number, unit = float(m.group(1)), m.group(2).lower()
     if unit in ("tok", "tokens"):
         return int(number) * bytes_per_token
-    if unit not in _UNITS:
+    if unit not in SIZE_UNITS:
         raise ConfigError(f"{flag}: unknown unit {m.group(2)!r} in {text!r} (bytes units, or tok)")
-    return int(number * _UNITS[unit])
+    return int(number * SIZE_UNITS[unit])
 
 
 @dataclasses.dataclass(frozen=True)
