@@ -45,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     def ready(broker: Any) -> None:
         # One machine-readable line so wrappers and tests can find the port (listen on :0).
-        line = {"event": "listening", "port": broker.port, "policy": broker.service.core.policy_name}
+        line = {"event": "listening", "port": broker.port, "policy": broker.service.policy_name}
         line["metrics_port"] = broker.telemetry.metrics_port if broker.telemetry is not None else None
         print(json.dumps(line), flush=True)
 
@@ -167,11 +167,12 @@ ARM_FIELDS = (
     "prefetches",
     "bytes_moved",
     "deadline_misses",
+    "clients",
 )
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    """The primary policy and its shadows, side by side, from a running broker."""
+    """The primary policy and its shadows, or the split arms, side by side, from a running broker."""
     stats = _stats_or_none("ab", args)
     if stats is None:
         return 2
@@ -181,13 +182,13 @@ def cmd_ab(args: argparse.Namespace) -> int:
         return 0
     print(f"config generation {stats.config_generation}")
     print(
-        f"{'arm':<20} {'role':<8} {'accesses':>10} {'hit_rate':>9} {'dc_miss':>8} "
+        f"{'arm':<20} {'role':<8} {'clients':>7} {'accesses':>10} {'hit_rate':>9} {'dc_miss':>8} "
         f"{'mean_us':>9} {'p99_us':>9} {'evict':>7} {'demote':>7} {'prefetch':>8}"
     )
     for a in arms:
         dc = a["decode_critical_misses"] / a["decode_critical_accesses"] if a["decode_critical_accesses"] else 0.0
         print(
-            f"{a['name']:<20} {a['role']:<8} {a['accesses']:>10} {a['hit_rate']:>9.4f} {dc:>8.4f} "
+            f"{a['name']:<20} {a['role']:<8} {a['clients']:>7} {a['accesses']:>10} {a['hit_rate']:>9.4f} {dc:>8.4f} "
             f"{a['mean_latency_us']:>9.1f} {a['p99_latency_us']:>9} {a['evictions']:>7} {a['demotions']:>7} {a['prefetches']:>8}"
         )
     return 0
@@ -223,6 +224,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             journal.check()
             recorded = journal_config(journal)
             live_policy = recorded.policy.name if recorded else None
+            if recorded is not None and recorded.policy.split:
+                from broker.arms import split_label
+
+                live_policy = split_label(recorded.policy.split)  # verified by following the journal
             base = load_config(args.config).core if args.config else recorded
             if base is None:
                 print("kvbroker replay: the journal holds no config record; pass --config", file=sys.stderr)
@@ -255,6 +260,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 return 2
             tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
             config = dataclasses.replace(base, tiers=tiers, quant=args.quant or base.quant)
+            if args.verify and live_policy is not None and live_policy.startswith("split("):
+                jobs.append(Job(source, live_policy, config, verify=True))
             jobs.extend(Job(source, name, config, verify=args.verify and name == live_policy) for name in policies)
             if args.ablate_intent:
                 bare = dataclasses.replace(source, ablate_intent=True)
@@ -394,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("ab", help="the primary policy and its shadows side by side, from a running broker")
+    p = sub.add_parser("ab", help="the primary policy and its shadows (or the split arms) side by side, from a running broker")
     p.add_argument("--target", required=True, help="HOST:PORT of the broker")
     p.add_argument("--json", action="store_true", help="one JSON object: config_generation and arms")
     p.add_argument("--timeout", type=float, default=5.0)

@@ -85,6 +85,9 @@ class PolicyConfig:
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Policies that see the same events on their own copy of residency and only report.
     shadows: tuple[str, ...] = ()
+    # Live A/B split: (policy, share) arms; each client is driven by the arm its id hashes
+    # to (broker/arms.py), on that share of every tier. Empty: ``name`` drives everyone.
+    split: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +164,7 @@ def core_from_json(text: str) -> CoreConfig:
         tiers = tuple(TierConfig(**t) for t in data.pop("tiers"))
         raw_policy = data.pop("policy")
         raw_policy["shadows"] = tuple(raw_policy.get("shadows", ()))
+        raw_policy["split"] = tuple((str(name), float(share)) for name, share in raw_policy.get("split", ()))
         policy = PolicyConfig(**raw_policy)
         return CoreConfig(tiers=tiers, policy=policy, **data)
     except (ValueError, TypeError, KeyError) as exc:
@@ -249,10 +253,13 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     policy_name = _take(pol, "name", "policy.", str, "lru")
     params = _take(pol, "params", "policy.", dict, {})
     shadows = _take(pol, "shadows", "policy.", list, [])
+    split = _split(_take(pol, "split", "policy.", dict, {}))
     _no_extra(pol, "policy.")
     for i, shadow in enumerate(shadows):
         if not isinstance(shadow, str) or not shadow:
             raise ConfigError(f"policy.shadows[{i}]: expected a policy name, got {shadow!r}")
+    if split and shadows:
+        raise ConfigError("policy.split: cannot be combined with policy.shadows (run a split or shadows, not both)")
 
     cost = _table(root, "cost")
     recompute_us = _take(cost, "recompute_us", "cost.", int, 5_000)
@@ -293,7 +300,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
 
     core = CoreConfig(
         tiers=tiers,
-        policy=PolicyConfig(policy_name, dict(params), tuple(shadows)),
+        policy=PolicyConfig(policy_name, dict(params), tuple(shadows), split),
         prefetch_margin_us=margin,
         recompute_us=recompute_us,
         quant=quant,
@@ -301,6 +308,25 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal, telemetry=telemetry, health=health)
     validate_policy(core)
     return config
+
+
+def _split(raw: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """``{arc = 0.5, lru = 0.5}``: shares in (0, 1] summing to 1, at least two arms."""
+    if not raw:
+        return ()
+    arms: list[tuple[str, float]] = []
+    for name, share in raw.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)):
+            raise ConfigError(f"policy.split.{name}: expected a share such as 0.5, got {share!r}")
+        if not 0 < share <= 1:
+            raise ConfigError(f"policy.split.{name}: must be in (0, 1], got {share!r}")
+        arms.append((name, float(share)))
+    if len(arms) < 2:
+        raise ConfigError(f"policy.split: needs at least two arms, got {len(arms)}")
+    total = sum(share for _, share in arms)
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError(f"policy.split: shares must sum to 1, got {total:g}")
+    return tuple(arms)
 
 
 def validate_policy(core: CoreConfig) -> None:
@@ -323,6 +349,13 @@ def validate_policy(core: CoreConfig) -> None:
             raise ConfigError(f"policy.shadows[{i}]: {exc}") from exc
         if shadow_cls.offline:
             raise ConfigError(f"policy.shadows[{i}]: {shadow} needs the future of the stream; it runs in replay only")
+    for arm, _ in core.policy.split:
+        try:
+            arm_cls = policy_class(arm)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.split.{arm}: {exc}") from exc
+        if arm_cls.offline:
+            raise ConfigError(f"policy.split.{arm}: {arm} needs the future of the stream; it runs in replay only")
     if cls.offline:
         raise ConfigError(f"policy.name: {cls.name} needs the future of the stream; it runs in replay only, not live")
 
@@ -353,6 +386,7 @@ def config_to_toml(config: BrokerConfig) -> str:
         f"name = {_toml_value(core.policy.name)}",
         f"params = {_toml_value(core.policy.params)}",
         f"shadows = {_toml_value(list(core.policy.shadows))}",
+        f"split = {_toml_value(dict(core.policy.split))}",
         "",
         "[prefetch]",
         f"margin_us = {core.prefetch_margin_us}",

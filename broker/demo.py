@@ -49,7 +49,7 @@ async def run_demo(journal_dir: str, *, requests: int = 40, seed: int = 7, out: 
     config = dataclasses.replace(config, journal=JournalConfig(url=journal_url))
     broker = await start_broker(config)
     target = f"127.0.0.1:{broker.port}"
-    out(f"broker listening on {target}, policy {broker.service.core.policy_name}, journal {journal_url}")
+    out(f"broker listening on {target}, policy {broker.service.policy_name}, journal {journal_url}")
     try:
         batches, events, rejected = await drive(target, DemoWorkload(requests=requests, seed=seed))
         stats = broker.service.stats()

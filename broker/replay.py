@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from broker.apply import apply_batch
+from broker.arms import Driving
 from broker.config import ConfigError, CoreConfig, core_from_json, with_policy
-from broker.core import Core, Directive
+from broker.core import Directive
 from broker.journal import JournalSource
 from broker.journal.records import JournalRecord, RecordKind
 from broker.service import directive_to_pb
+from broker.stats import merged
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from policies.registry import policy_class
@@ -148,7 +150,9 @@ def replay(
     core_config = config if policy is None else with_policy(config, policy, params)
     live_params = params
     offline = policy_class(core_config.policy.name).offline
-    core = Core(core_config, future_uses=future_uses(batches) if offline else None, ablate_intent=ablate_intent)
+    # The journal's own policy goes through the same routing as the live broker (a split's
+    # clients to their arms); another policy drives every client, as a one-policy broker.
+    driving = Driving(core_config, 1, ablate_intent=ablate_intent, future_uses=future_uses(batches) if offline else None)
     expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
     mismatches = 0
     first = ""
@@ -157,8 +161,9 @@ def replay(
     next_report = started + 0.5
     for generation, batch in batches():
         if isinstance(batch, CoreConfig):
-            core.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
+            driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
             continue
+        core = driving.core_for(batch.client_id)
         core.generation = generation
         outcome = apply_batch(core, batch)
         n_batches += 1
@@ -169,7 +174,7 @@ def replay(
         if progress and n_batches % 64 == 0 and (now := time.perf_counter()) >= next_report:
             next_report = now + 0.5
             rate = n_events / (now - started)
-            print(f"\r  {core.policy_name}: {n_events:,} events, {rate:,.0f} events/s", end="", file=sys.stderr, flush=True)
+            print(f"\r  {driving.policy_name}: {n_events:,} events, {rate:,.0f} events/s", end="", file=sys.stderr, flush=True)
         if expect is not None and outcome.directives:
             got = [directive_to_pb(d) for d in outcome.directives]
             want_record = next(expect, None)
@@ -186,15 +191,16 @@ def replay(
             first = first or f"journal holds {extra} directives the replay never produced"
     seconds = time.perf_counter() - started
     if progress:
-        print(f"\r  {core.policy_name}: {n_events:,} events in {seconds:.1f}s{' ' * 20}", file=sys.stderr, flush=True)
-    tier_names = [t.name for t in core.tiers]
+        print(f"\r  {driving.policy_name}: {n_events:,} events in {seconds:.1f}s{' ' * 20}", file=sys.stderr, flush=True)
+    tier_names = [t.name for t in driving.core.tiers]
+    cores = list(driving.cores().values())
     return ReplayResult(
-        policy=core.policy_name,
+        policy=driving.policy_name,
         batches=n_batches,
         events=n_events,
         directives=n_directives,
         seconds=seconds,
-        metrics=core.stats.as_dict(tier_names),
+        metrics=(cores[0].stats if len(cores) == 1 else merged([c.stats for c in cores])).as_dict(tier_names),
         mismatches=mismatches if expect is not None else None,
         first_mismatch=first,
     )

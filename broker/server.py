@@ -317,7 +317,7 @@ async def serve(
         config.broker_id,
         host,
         broker.port,
-        broker.service.core.policy_name,
+        broker.service.policy_name,
         broker.service.journal.description,
     )
     if on_ready is not None:

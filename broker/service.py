@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from broker.apply import BatchOutcome, apply_batch
+from broker.arms import Driving, SplitArms
 from broker.config import (
     BrokerConfig,
     ConfigError,
@@ -99,6 +100,7 @@ def arm_stats(name: str, role: str, core: Core) -> spb.ArmStats:
         prefetches=s.prefetches,
         bytes_moved=s.bytes_up + s.bytes_down,
         deadline_misses=s.deadline_misses,
+        clients=len(core.client_seq),
     )
 
 
@@ -121,16 +123,18 @@ class BrokerService:
         records = list(recovered)
         first = next((r for r in records if r.kind == RecordKind.CONFIG), None)
         start = core_from_json(first.payload.decode()) if first is not None else config.core
-        self.core = Core(start, generation=first.generation if first is not None else 1)
+        self.driving = Driving(start, first.generation if first is not None else 1)
         for record in records:
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
             if record.kind == RecordKind.CONFIG:
-                self.core.follow(core_from_json(record.payload.decode()), record.generation)
+                self._follow(core_from_json(record.payload.decode()), record.generation)
                 continue
-            self.core.generation = record.generation
-            apply_batch(self.core, pb.IntentBatch.FromString(record.payload))
-            self.core.take_directives()
+            batch = pb.IntentBatch.FromString(record.payload)
+            core = self.core_for(batch.client_id)
+            core.generation = record.generation
+            apply_batch(core, batch)
+            core.take_directives()
             self.recovered_batches += 1
         self.shadows: dict[str, Core] = {}
         self.journal_directives = config.journal.directives
@@ -140,14 +144,52 @@ class BrokerService:
         self.last_ordinal = 0
         self.streams = 0
         self.reloads = 0
-        if first is None or config.core != self.core.config:
+        if first is None or config.core != self.core_config:
             generation = self.generation + 1 if first is not None else self.generation
-            self.core.reconfigure(config.core, generation)
+            self._follow(config.core, generation, force=first is None)
             self._journal_config()
         self._set_shadows(config.core)
 
+    @property
+    def core(self) -> Core:
+        """The core that drives every client, or in a split the first arm's (the arms share
+        one generation)."""
+        return self.driving.core
+
+    @property
+    def split(self) -> SplitArms | None:
+        return self.driving.split
+
+    @property
+    def core_config(self) -> CoreConfig:
+        return self.driving.config
+
+    def _follow(self, config: CoreConfig, generation: int, force: bool = False) -> None:
+        self.driving.follow(config, generation, force=force)
+
+    def driving_cores(self) -> dict[str, Core]:
+        """The cores that drive clients: the one core, or every split arm by name."""
+        return self.driving.cores()
+
+    def core_for(self, client_id: str) -> Core:
+        """The core that drives this client (its arm's, in a split)."""
+        return self.driving.core_for(client_id)
+
+    @property
+    def policy_name(self) -> str:
+        return self.driving.policy_name
+
+    def arm_cores(self) -> dict[str, tuple[str, Core]]:
+        """Every core that reports, by arm key: role "primary" (no split), "split" (one per
+        arm) or "shadow"."""
+        if self.split is not None:
+            return {f"split:{name}": ("split", core) for name, core in self.split.cores.items()}
+        arms: dict[str, tuple[str, Core]] = {"primary": ("primary", self.core)}
+        arms.update((f"shadow:{name}", ("shadow", core)) for name, core in self.shadows.items())
+        return arms
+
     def _journal_config(self) -> None:
-        self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core.config).encode()))
+        self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core_config).encode()))
 
     def _set_shadows(self, core_config: CoreConfig) -> None:
         """Shadows follow config changes with their own policy, exactly as a replay of the
@@ -187,28 +229,28 @@ class BrokerService:
             ):
                 if old_value != new_value:
                     raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
-            if new.core != self.core.config or new.core.policy.shadows != tuple(self.shadows):
-                previous = self.core.config
-                self.core.reconfigure(new.core, self.generation + 1)
+            if new.core != self.core_config or new.core.policy.shadows != tuple(self.shadows):
+                previous, generation = self.core_config, self.generation
+                self._follow(new.core, generation + 1, force=True)
                 try:
                     self._set_shadows(new.core)
                 except ConfigError:
-                    self.core.reconfigure(previous, self.generation)
+                    self._follow(previous, generation, force=True)
                     raise
                 self._journal_config()
         except ConfigError as exc:
             log.warning("config reload refused: %s", exc)
-            return spb.ReloadResponse(ok=False, config_generation=self.generation, error=str(exc), policy=self.core.policy_name)
+            return spb.ReloadResponse(ok=False, config_generation=self.generation, error=str(exc), policy=self.policy_name)
         self.config = new
         self.reloads += 1
-        log.info("config reloaded: generation %d, policy %s", self.generation, self.core.policy_name)
-        return spb.ReloadResponse(ok=True, config_generation=self.generation, policy=self.core.policy_name)
+        log.info("config reloaded: generation %d, policy %s", self.generation, self.policy_name)
+        return spb.ReloadResponse(ok=True, config_generation=self.generation, policy=self.policy_name)
 
     def get_config(self) -> spb.GetConfigResponse:
         return spb.GetConfigResponse(
             config_toml=config_to_toml(self.config),
             config_generation=self.generation,
-            policy=self.core.policy_name,
+            policy=self.policy_name,
             config_path=self.config_path or "",
         )
 
@@ -218,18 +260,19 @@ class BrokerService:
 
     def hello(self, hello: spb.Hello) -> spb.HelloReply:
         check_hello(hello)
+        core = self.core_for(hello.client_id)  # in a split, the client learns its arm
         return spb.HelloReply(
             served_majors=SERVED_MAJORS,
             schema_minor=SCHEMA_MINOR,
             broker_id=self.config.broker_id,
-            last_batch_seq=self.core.client_seq.get(hello.client_id, 0),
-            policy=self.core.policy_name,
+            last_batch_seq=core.client_seq.get(hello.client_id, 0),
+            policy=core.policy_name,
             config_generation=self.generation,
         )
 
     def submit(self, batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
         """Apply one batch and journal it (as received) when it was applied."""
-        outcome = apply_batch(self.core, batch)
+        outcome = apply_batch(self.core_for(batch.client_id), batch)
         for shadow in self.shadows.values():
             apply_batch(shadow, batch)
             shadow.take_directives()
@@ -250,11 +293,26 @@ class BrokerService:
             await self.journal.durable(self.last_ordinal)
         return result
 
+    def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
+        """(name, blocks, bytes, capacity, pinned bytes) per tier, summed over split arms."""
+        usages = [core.tier_usage() for core in self.driving_cores().values()]
+        return [
+            (rows[0][0], *(sum(row[i] for row in rows) for i in range(1, 5)))
+            for rows in zip(*usages, strict=True)
+        ]
+
     def tiers_pb(self) -> list[spb.TierUsage]:
         return [
             spb.TierUsage(name=name, blocks=blocks, bytes=used, capacity_bytes=cap, pinned_bytes=pinned)
-            for name, blocks, used, cap, pinned in self.core.tier_usage()
+            for name, blocks, used, cap, pinned in self.tier_usage()
         ]
+
+    def find_block(self, block_id: str) -> Block | None:
+        for core in self.driving_cores().values():
+            block = core.blocks.get(block_id)
+            if block is not None:
+                return block
+        return None
 
     def block_pb(self, block: Block) -> spb.BlockResidency:
         out = spb.BlockResidency(
@@ -274,39 +332,50 @@ class BrokerService:
     def residency(self, request: spb.GetResidencyRequest) -> spb.GetResidencyResponse | None:
         """None when the named block does not exist."""
         query = request.WhichOneof("query")
-        response = spb.GetResidencyResponse(tiers=self.tiers_pb(), dropped_blocks=self.core.dropped_blocks())
+        cores = self.driving_cores().values()
+        response = spb.GetResidencyResponse(tiers=self.tiers_pb(), dropped_blocks=sum(c.dropped_blocks() for c in cores))
         if query == "block_id":
-            block = self.core.blocks.get(request.block_id)
+            block = self.find_block(request.block_id)
             if block is None:
                 return None
             response.blocks.append(self.block_pb(block))
         elif query == "request_id":
-            response.blocks.extend(self.block_pb(b) for b in self.core.request_blocks(request.request_id))
+            for core in cores:
+                response.blocks.extend(self.block_pb(b) for b in core.request_blocks(request.request_id))
         return response
 
     def stats(self) -> spb.GetStatsResponse:
-        core = self.core
-        s = core.stats
-        names = [t.name for t in core.tiers]
-        by_tier = {name: s.accesses_by_tier[i] for i, name in enumerate(names)}
-        by_tier[""] = s.accesses_by_tier[-1]
+        cores = list(self.driving_cores().values())
+        names = [t.name for t in self.core.tiers]
+        events: dict[str, int] = {}
+        directives: dict[str, int] = {}
+        by_index = [0] * (len(names) + 1)
+        for core in cores:  # a split's arms together are the broker
+            s = core.stats
+            for kind, n in s.events.items():
+                events[kind] = events.get(kind, 0) + n
+            for kind, n in s.directives.items():
+                directives[kind] = directives.get(kind, 0) + n
+            by_index = [a + b for a, b in zip(by_index, s.accesses_by_tier, strict=True)]
+        by_tier = {name: by_index[i] for i, name in enumerate(names)}
+        by_tier[""] = by_index[-1]
         return spb.GetStatsResponse(
             broker_id=self.config.broker_id,
-            policy=core.policy_name,
+            policy=self.policy_name,
             config_generation=self.generation,
             tiers=self.tiers_pb(),
-            events=s.events,
-            directives=s.directives,
-            batches=s.batches,
-            duplicate_batches=s.duplicate_batches,
-            rejected_events=s.rejected_events,
+            events=events,
+            directives=directives,
+            batches=sum(c.stats.batches for c in cores),
+            duplicate_batches=sum(c.stats.duplicate_batches for c in cores),
+            rejected_events=sum(c.stats.rejected_events for c in cores),
             accesses_by_tier=by_tier,
-            decode_critical_accesses=s.dc_accesses,
-            decode_critical_misses=s.dc_misses,
+            decode_critical_accesses=sum(c.stats.dc_accesses for c in cores),
+            decode_critical_misses=sum(c.stats.dc_misses for c in cores),
             journal_pending=self.journal.pending,
             journal_written=self.journal.written,
             journal_errors=self.journal.errors,
             journal=self.journal.description,
             clients=self.streams,
-            arms=[arm_stats(self.core.policy_name, "primary", self.core), *(arm_stats(n, "shadow", c) for n, c in self.shadows.items())],
+            arms=[arm_stats(key.partition(":")[2] or core.policy_name, role, core) for key, (role, core) in self.arm_cores().items()],
         )

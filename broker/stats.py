@@ -160,3 +160,21 @@ class CoreStats:
             "deadline_miss_rate": self.deadline_misses / self.deadline_accesses if self.deadline_accesses else 0.0,
             "latency_hist": dict(self.latency_hist),
         }
+
+
+def merged(parts: list[CoreStats]) -> CoreStats:
+    """The counters of several cores as one (a split's arms together are the broker)."""
+    out = CoreStats(len(parts[0].accesses_by_tier) - 1)
+    for name in CoreStats.__slots__:
+        total: Any = getattr(out, name)
+        for part in parts:
+            value = getattr(part, name)
+            if isinstance(value, dict):
+                for key, n in value.items():
+                    total[key] = total.get(key, 0) + n
+            elif isinstance(value, list):
+                total = [a + b for a, b in zip(total, value, strict=True)]
+            else:
+                total += value
+        setattr(out, name, total)
+    return out

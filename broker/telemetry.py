@@ -208,8 +208,10 @@ def validate_telemetry(config: TelemetryConfig) -> None:
 
 # A flat view of one core's counters: (family, label) -> value.
 _Key = tuple[str, str]
-# Families counted for the primary arm only: every arm sees the same events and batches.
+# Families counted for the arms that drive clients only: a shadow sees the same events and
+# batches as the primary (split arms see disjoint ones, so each counts its own).
 PRIMARY_ONLY = frozenset({"events", "batches", "rejected_events"})
+DRIVING_ROLES = frozenset({PRIMARY_ARM, "split"})
 
 
 def _snapshot(stats: Any, tier_names: tuple[str, ...]) -> dict[_Key, int]:
@@ -260,7 +262,8 @@ class CounterFold:
 
     @property
     def primary(self) -> _Arm:
-        return self.arms[PRIMARY_ARM]
+        """The primary arm, or in a split the first arm (the arms share one generation)."""
+        return next(iter(self.arms.values()))
 
     @property
     def policy(self) -> str:
@@ -276,6 +279,9 @@ class CounterFold:
         return names[0] if names else ""
 
     def _cores(self) -> dict[str, tuple[str, Any]]:
+        arm_cores = getattr(self.service, "arm_cores", None)
+        if arm_cores is not None:
+            return dict(arm_cores())
         cores = {PRIMARY_ARM: (PRIMARY_ARM, self.service.core)}
         for name, core in getattr(self.service, "shadows", {}).items():
             cores[f"shadow:{name}"] = ("shadow", core)
@@ -294,7 +300,7 @@ class CounterFold:
             # Every series of new labels exists from the start, at 0, so rate() and
             # increase() see the first event (Prometheus practice: initialize label sets).
             for family_key in baseline:
-                if role == PRIMARY_ARM or family_key[0] not in PRIMARY_ONLY:
+                if role in DRIVING_ROLES or family_key[0] not in PRIMARY_ONLY:
                     self.totals.setdefault((role, arm.policy, str(arm.generation), family_key), 0)
         self.arms = arms
 
@@ -305,19 +311,19 @@ class CounterFold:
             for key, value in now.items():
                 before = arm.baseline.get(key, 0)
                 gained = value - before if value >= before else value  # a reset counts from 0
-                if gained and (arm.role == PRIMARY_ARM or key[0] not in PRIMARY_ONLY):
+                if gained and (arm.role in DRIVING_ROLES or key[0] not in PRIMARY_ONLY):
                     total_key = (*labels, key)
                     self.totals[total_key] = self.totals.get(total_key, 0) + gained
             arm.baseline = now
 
     def changed(self) -> bool:
         """Whether the service's cores are no longer the ones watched (cheap, per batch)."""
-        core, primary = self.service.core, self.arms[PRIMARY_ARM]
-        return (
-            core.stats is not primary.stats
-            or core.generation != primary.generation
-            or core.policy_name != primary.policy
-            or getattr(self.service, "shadows", None) is not self._shadows
+        cores = self._cores()
+        if cores.keys() != self.arms.keys() or getattr(self.service, "shadows", None) is not self._shadows:
+            return True
+        return any(
+            core.stats is not arm.stats or core.generation != arm.generation or core.policy_name != arm.policy
+            for (_, core), arm in zip(cores.values(), self.arms.values(), strict=True)
         )
 
     def fold(self) -> None:
@@ -484,7 +490,8 @@ def _register_instruments(meter_provider: MeterProvider, service: BrokerService,
 
     def tier_gauge(column: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(int(row[column]), {"tier": row[0]}) for row in service.core.tier_usage()]
+            usage = service.tier_usage() if hasattr(service, "tier_usage") else service.core.tier_usage()
+            return [Observation(int(row[column]), {"tier": row[0]}) for row in usage]
 
         return observe
 
@@ -512,7 +519,7 @@ def _register_instruments(meter_provider: MeterProvider, service: BrokerService,
     )
     meter.create_observable_gauge(
         "kvbroker_config_generation",
-        [scalar(lambda: service.core.generation, lambda: {"policy": service.core.policy_name})],
+        [scalar(lambda: service.core.generation, lambda: {"policy": getattr(service, "policy_name", service.core.policy_name)})],
         description="Config generation in force",
     )
     meter.create_observable_gauge("kvbroker_streams", [scalar(lambda: service.streams)], description="Open client streams")

@@ -161,7 +161,7 @@ class GetConfigResponse(_message.Message):
     def __init__(self, config_toml: _Optional[str] = ..., config_generation: _Optional[int] = ..., policy: _Optional[str] = ..., config_path: _Optional[str] = ...) -> None: ...
 
 class ArmStats(_message.Message):
-    __slots__ = ("name", "policy", "role", "accesses", "hit_rate", "decode_critical_accesses", "decode_critical_misses", "mean_latency_us", "p99_latency_us", "evictions", "demotions", "prefetches", "bytes_moved", "deadline_misses")
+    __slots__ = ("name", "policy", "role", "accesses", "hit_rate", "decode_critical_accesses", "decode_critical_misses", "mean_latency_us", "p99_latency_us", "evictions", "demotions", "prefetches", "bytes_moved", "deadline_misses", "clients")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class ArmStats(_message.Message):
     PREFETCHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     policy: str
     role: str
@@ -190,7 +191,8 @@ class ArmStats(_message.Message):
     prefetches: int
     bytes_moved: int
     deadline_misses: int
-    def __init__(self, name: _Optional[str] = ..., policy: _Optional[str] = ..., role: _Optional[str] = ..., accesses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., mean_latency_us: _Optional[float] = ..., p99_latency_us: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., prefetches: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., deadline_misses: _Optional[int] = ...) -> None: ...
+    clients: int
+    def __init__(self, name: _Optional[str] = ..., policy: _Optional[str] = ..., role: _Optional[str] = ..., accesses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., mean_latency_us: _Optional[float] = ..., p99_latency_us: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., prefetches: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., deadline_misses: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms")

@@ -126,7 +126,7 @@ async def test_a_policy_swap_starts_new_series_and_never_rewrites_the_old_ones(m
     before = await asyncio.to_thread(scrape, url)
     # What a reload does to the service: a new core, another policy, the next generation.
     service = metered.service
-    service.core = Core(dataclasses.replace(service.config.core, policy=PolicyConfig("fifo")), generation=2)
+    service.driving.core = Core(dataclasses.replace(service.config.core, policy=PolicyConfig("fifo")), generation=2)
     await drive(metered.target, client_id="engine-2", first_block=100)
     after = await asyncio.to_thread(scrape, url)
 
