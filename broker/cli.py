@@ -267,7 +267,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 bare = dataclasses.replace(source, ablate_intent=True)
                 jobs.extend(Job(bare, name, config) for name in policies)
         workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
-        records = run_jobs(jobs, workers)
+        records = run_jobs(jobs, workers, progress=True if args.progress else None)
     except (JournalError, TraceError, PolicyError) as exc:
         print(f"kvbroker replay: {exc}", file=sys.stderr)
         return 2
@@ -421,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
     p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
+    p.add_argument("--progress", action="store_true", help="always draw the progress bar on stderr (default: when it is a terminal)")
     p.add_argument("--json", action="store_true", help="a JSON array, one record per (policy, capacity)")
     p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")

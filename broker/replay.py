@@ -138,6 +138,7 @@ def replay(
     expected: Iterable[JournalRecord] | None = None,
     sink: list[Directive] | None = None,
     progress: bool = False,
+    total_batches: int | None = None,
     ablate_intent: bool = False,
 ) -> ReplayResult:
     """Run the batches through a fresh core with ``policy``.
@@ -158,7 +159,7 @@ def replay(
     first = ""
     n_batches = n_events = n_directives = 0
     started = time.perf_counter()
-    next_report = started + 0.5
+    bar = ProgressBar(driving.policy_name, total_batches) if progress else None
     for generation, batch in batches():
         if isinstance(batch, CoreConfig):
             driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
@@ -171,10 +172,8 @@ def replay(
         n_directives += len(outcome.directives)
         if sink is not None:
             sink.extend(outcome.directives)
-        if progress and n_batches % 64 == 0 and (now := time.perf_counter()) >= next_report:
-            next_report = now + 0.5
-            rate = n_events / (now - started)
-            print(f"\r  {driving.policy_name}: {n_events:,} events, {rate:,.0f} events/s", end="", file=sys.stderr, flush=True)
+        if bar is not None and n_batches % 16 == 0:
+            bar.show(n_batches, n_events)
         if expect is not None and outcome.directives:
             got = [directive_to_pb(d) for d in outcome.directives]
             want_record = next(expect, None)
@@ -190,8 +189,8 @@ def replay(
             mismatches += extra
             first = first or f"journal holds {extra} directives the replay never produced"
     seconds = time.perf_counter() - started
-    if progress:
-        print(f"\r  {driving.policy_name}: {n_events:,} events in {seconds:.1f}s{' ' * 20}", file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.done(n_batches, n_events)
     tier_names = [t.name for t in driving.core.tiers]
     cores = list(driving.cores().values())
     return ReplayResult(
@@ -204,6 +203,49 @@ def replay(
         mismatches=mismatches if expect is not None else None,
         first_mismatch=first,
     )
+
+
+class ProgressBar:
+    """A progress line on stderr for long replays: a bar and percentage when the number of
+    batches is known (journals), else the count; events, events/s, elapsed and ETA. Redrawn
+    at most twice a second, so it costs nothing measurable."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, total_batches: int | None, stream: Any = None) -> None:
+        self.label = label
+        self.total = total_batches if total_batches else None
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.perf_counter()
+        self.next_draw = self.started + 0.5
+
+    def line(self, batches: int, events: int, now: float) -> str:
+        elapsed = max(now - self.started, 1e-9)
+        rate = events / elapsed
+        head = f"{self.label}: "
+        if self.total is not None:
+            frac = min(batches / self.total, 1.0)
+            filled = int(frac * self.WIDTH)
+            eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
+            head += f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:4.0%} "
+            tail = f" ETA {eta:,.0f}s"
+        else:
+            head += f"{batches:,} batches "
+            tail = ""
+        return f"{head}{events:,} events {rate:,.0f} events/s {elapsed:,.1f}s{tail}"
+
+    def show(self, batches: int, events: int) -> None:
+        now = time.perf_counter()
+        if now < self.next_draw:
+            return
+        self.next_draw = now + 0.5
+        print("\r" + self.line(batches, events, now), end="", file=self.stream, flush=True)
+
+    def done(self, batches: int, events: int) -> None:
+        if self.total is not None:
+            self.total = max(self.total, batches)  # the bar ends full even if the count was an estimate
+            batches = self.total
+        print("\r" + self.line(batches, events, time.perf_counter()) + " done", file=self.stream, flush=True)
 
 
 def replay_source(

@@ -90,7 +90,10 @@ def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
         expected = JournalSource(job.source.journal, job.source.stream).directives()
     # Verification follows the journal exactly (its policy and config changes as applied).
     policy = None if expected is not None else job.policy
-    result = replay(batches, job.config, policy, expected=expected, progress=progress, ablate_intent=job.source.ablate_intent)
+    total = count_batches(job.source) if progress else None
+    result = replay(
+        batches, job.config, policy, expected=expected, progress=progress, total_batches=total, ablate_intent=job.source.ablate_intent
+    )
     record = result.as_record()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token
@@ -103,14 +106,41 @@ def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
     return record
 
 
-def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run jobs, in processes when ``workers`` > 1; records come back in job order."""
+def count_batches(source: Source) -> int | None:
+    """How many records a journal holds (the progress bar's 100%), read cheaply: the file's
+    frames, or the Redis stream's length (its few config records included: an estimate).
+    None for a trace, whose length is known only by importing it."""
+    if source.journal is None:
+        return None
+    if source.journal.startswith(("redis://", "rediss://", "unix://")):
+        import redis
+
+        from broker.journal import split_redis_url
+
+        conn, key = split_redis_url(source.journal)
+        client = redis.Redis.from_url(conn, socket_timeout=10)
+        try:
+            return int(client.xlen(key or source.stream or ""))
+        finally:
+            client.close()
+    from broker.journal import file_path
+    from broker.journal.file import read_file_journal
+    from broker.journal.records import RecordKind
+
+    return sum(1 for r in read_file_journal(file_path(source.journal)) if r.kind == RecordKind.BATCH)
+
+
+def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Run jobs, in processes when ``workers`` > 1; records come back in job order.
+    ``progress``: draw a progress bar for each job run here (default: stderr is a terminal)."""
     log = log or (lambda line: print(line, file=sys.stderr))
+    if progress is None:
+        progress = sys.stderr.isatty()
     if workers <= 1 or len(jobs) <= 1:
         records = []
         for i, job in enumerate(jobs, start=1):
             started = time.perf_counter()
-            records.append(run_job(job, progress=sys.stderr.isatty()))
+            records.append(run_job(job, progress=progress))
             log(f"[{i}/{len(jobs)}] {job.policy} {_caps(job)} done in {time.perf_counter() - started:.1f}s")
         return records
     out: list[dict[str, Any] | None] = [None] * len(jobs)
