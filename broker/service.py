@@ -296,10 +296,7 @@ class BrokerService:
     def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
         """(name, blocks, bytes, capacity, pinned bytes) per tier, summed over split arms."""
         usages = [core.tier_usage() for core in self.driving_cores().values()]
-        return [
-            (rows[0][0], *(sum(row[i] for row in rows) for i in range(1, 5)))
-            for rows in zip(*usages, strict=True)
-        ]
+        return [(rows[0][0], *(sum(row[i] for row in rows) for i in range(1, 5))) for rows in zip(*usages, strict=True)]
 
     def tiers_pb(self) -> list[spb.TierUsage]:
         return [
