@@ -3,6 +3,14 @@
 This is the one path from protobuf to state, shared by the live broker and replay, so the
 two decide identically. An invalid event is rejected with its index, field and reason; the
 rest of the batch still applies.
+
+Tenants: a batch with ``IntentBatch.tenant`` set (the broker sets it from the stream's
+bearer token before applying and journaling it) acts for that tenant only. Its allocations
+belong to the tenant, and any event that touches another tenant's block (access, update,
+release, free, ack, prefix or shared reuse) is rejected with PERMISSION_DENIED, naming the
+field and no detail of the other block. Tenants have separate client id spaces
+(``client_key``). All of it is decided from the journaled batch and the core's state, so
+replay and recovery decide the same.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from broker.core import Core, Directive, EventError
+from broker.limits import count_block, tenant_counts, tenant_full
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import DROPPED, Block
 
@@ -39,13 +48,22 @@ class BatchOutcome:
     applied: bool = True
 
 
+OTHER_TENANT = "the block belongs to another tenant"
+
+
+def client_key(tenant: str, client_id: str) -> str:
+    """The core's name for a client (its batch_seq, the owner of its blocks): tenants have
+    separate client id spaces, so one tenant's "engine-0" is not another's."""
+    return f"{tenant}\x00{client_id}" if tenant else client_id
+
+
 def check_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome | None:
     """Batch-level checks; returns the outcome when the batch must not be applied."""
     if not batch.client_id:
         return BatchOutcome([], [Rejection(-1, "client_id", "required, a non-empty string")], 0, applied=False)
     if batch.batch_seq == 0:
         return BatchOutcome([], [Rejection(-1, "batch_seq", "must be >= 1")], 0, applied=False)
-    if batch.batch_seq <= core.client_seq.get(batch.client_id, 0):
+    if batch.batch_seq <= core.client_seq.get(client_key(batch.tenant, batch.client_id), 0):
         core.stats.duplicate_batches += 1
         return BatchOutcome([], [], 0, duplicate=True, applied=False)
     return None
@@ -56,7 +74,8 @@ def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
     refused = check_batch(core, batch)
     if refused is not None:
         return refused
-    client = batch.client_id
+    tenant = batch.tenant
+    client = client_key(tenant, batch.client_id)
     core.client_seq[client] = batch.batch_seq
     core.stats.batches += 1
     rejections: list[Rejection] = []
@@ -74,7 +93,7 @@ def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
                 # Time moved: blocks whose prefetch start time has come are promoted first.
                 core.advance(event.ts_us)
                 core.run_prefetch()
-            _HANDLERS[kind](core, event, client)
+            _HANDLERS[kind](core, event, client, tenant)
             events_seen[kind] += 1
         except EventError as exc:
             field = exc.field if kind is None or exc.field.startswith(kind) or exc.field == "ts_us" else f"{kind}.{exc.field}"
@@ -141,11 +160,33 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     return block
 
 
-def _allocated(core: Core, event: pb.Event, client: str) -> None:
+def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     alloc = event.allocated
+    if tenant and alloc.intent.tenant and alloc.intent.tenant != tenant:
+        raise EventError("allocated.intent.tenant", "must be empty or the stream's tenant", "PERMISSION_DENIED")
     block = block_from_intent(core, alloc.intent, client)
+    if tenant:
+        block.tenant = tenant
+    existing = core.blocks.get(block.block_id)
+    if tenant and existing is not None and existing.tenant != tenant:
+        raise EventError("allocated.intent.block_id", OTHER_TENANT, "PERMISSION_DENIED")
     t = core.resolve_tier(alloc.tier, "allocated.tier", empty=0)
+    counts = tenant_counts(core)
+    if counts is None:
+        core.allocate(block, t, reuse=alloc.reuse)
+        return
+    # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
+    before = None if existing is None else existing.tenant
+    if block.tenant and before != block.tenant and (existing is None or existing.released):
+        refusal = tenant_full(counts, block.tenant, core.config.max_blocks_per_tenant)
+        if refusal is not None:
+            raise EventError("allocated.intent.tenant", refusal, "RESOURCE_EXHAUSTED")
     core.allocate(block, t, reuse=alloc.reuse)
+    after = core.blocks[block.block_id].tenant
+    if before != after:
+        if before is not None:
+            count_block(counts, before, -1)
+        count_block(counts, after, 1)
 
 
 def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
@@ -167,21 +208,32 @@ def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
     return out
 
 
-def _accessed(core: Core, event: pb.Event, client: str) -> None:
+def _own(blocks: list[Block], tenant: str, field: str) -> list[Block]:
+    """``blocks`` if every one is the tenant's (always, for a batch with no tenant)."""
+    if tenant:
+        for i, block in enumerate(blocks):
+            if block.tenant != tenant:
+                raise EventError(f"{field}[{i}]", OTHER_TENANT, "PERMISSION_DENIED")
+    return blocks
+
+
+def _accessed(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     accessed = event.accessed
     next_use: int | None = None
     if accessed.HasField("next_use_us"):
         next_use = accessed.next_use_us
         if next_use < 0:
             raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
-    core.access(_blocks(core, accessed.block_ids, "accessed.block_ids"), next_use)
+    core.access(_own(_blocks(core, accessed.block_ids, "accessed.block_ids"), tenant, "accessed.block_ids"), next_use)
 
 
-def _intent_updated(core: Core, event: pb.Event, client: str) -> None:
+def _intent_updated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     upd = event.intent_updated
     if not upd.block_id:
         raise EventError("intent_updated.block_id", "required, a non-empty string")
     block = core.known(upd.block_id, "intent_updated.block_id")
+    if tenant and block.tenant != tenant:
+        raise EventError("intent_updated.block_id", OTHER_TENANT, "PERMISSION_DENIED")
     phase = upd.phase if upd.HasField("phase") else None
     if phase is not None and phase not in _PHASES:
         raise EventError("intent_updated.phase", f"unknown enum value {phase}")
@@ -229,20 +281,40 @@ def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None, abl
     return apply
 
 
-def _released(core: Core, event: pb.Event, client: str) -> None:
-    core.release(_blocks(core, event.released.block_ids, "released.block_ids"))
+def _released(core: Core, event: pb.Event, client: str, tenant: str) -> None:
+    core.release(_own(_blocks(core, event.released.block_ids, "released.block_ids"), tenant, "released.block_ids"))
 
 
-def _freed(core: Core, event: pb.Event, client: str) -> None:
-    core.free(_blocks(core, event.freed.block_ids, "freed.block_ids"))
+def _freed(core: Core, event: pb.Event, client: str, tenant: str) -> None:
+    blocks = _own(_blocks(core, event.freed.block_ids, "freed.block_ids"), tenant, "freed.block_ids")
+    counts = tenant_counts(core)
+    core.free(blocks)
+    if counts is not None:
+        _uncount(counts, blocks)
 
 
-def _cleared(core: Core, event: pb.Event, client: str) -> None:
+def _uncount(counts: dict[str, int], blocks: list[Block]) -> None:
+    """Blocks that were freed leave their tenant's count (each once)."""
+    for block in {id(b): b for b in blocks}.values():
+        count_block(counts, block.tenant, -1)
+
+
+def _cleared(core: Core, event: pb.Event, client: str, tenant: str) -> None:
+    # Only the client's own blocks go, and a tenant's client ids are its own (client_key).
+    counts = tenant_counts(core)
+    mine = [b for b in core.blocks.values() if b.owner == client] if counts is not None else []
     core.clear(client)
+    if counts is not None:
+        _uncount(counts, mine)
 
 
-def _acked(core: Core, event: pb.Event, client: str) -> None:
+def _acked(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     ack = event.acked
+    if tenant:
+        block_id = core.outstanding.get(ack.directive_id)
+        block = core.blocks.get(block_id) if block_id is not None else None
+        if block is not None and block.tenant != tenant:
+            raise EventError("acked.directive_id", "the directive is for a block of another tenant", "PERMISSION_DENIED")
     if ack.status == _ACK_DONE:
         core.ack(ack.directive_id, True, DROPPED)
     elif ack.status == _ACK_FAILED:
@@ -252,7 +324,7 @@ def _acked(core: Core, event: pb.Event, client: str) -> None:
         raise EventError("acked.status", f"must be ACK_STATUS_DONE or ACK_STATUS_FAILED, got {ack.status}")
 
 
-_HANDLERS: dict[str, Callable[[Core, pb.Event, str], None]] = {
+_HANDLERS: dict[str, Callable[[Core, pb.Event, str, str], None]] = {
     "allocated": _allocated,
     "accessed": _accessed,
     "intent_updated": _intent_updated,

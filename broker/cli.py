@@ -53,6 +53,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    """How a tool reaches a secured broker; each flag defaults to its KVBROKER_* variable."""
+    p.add_argument("--tls-ca", help="PEM CA of the broker's certificate: connect over TLS (env KVBROKER_TLS_CA)")
+    p.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS (env KVBROKER_TLS_CERT)")
+    p.add_argument("--tls-key", help="PEM key of --tls-cert (env KVBROKER_TLS_KEY)")
+    p.add_argument("--tls-server-name", help="name the broker's certificate is checked for (env KVBROKER_TLS_SERVER_NAME)")
+    p.add_argument("--token-file", help="file holding the bearer token (env KVBROKER_TOKEN_FILE, or the token in KVBROKER_TOKEN)")
+
+
+def _client_security(args: argparse.Namespace) -> Any:
+    """The command line over the KVBROKER_* environment (the token is never a flag: ps shows flags)."""
+    from clients.broker_client import ClientSecurity, read_token
+
+    env = ClientSecurity.from_env()
+    return dataclasses.replace(
+        env,
+        tls_ca=args.tls_ca or env.tls_ca,
+        tls_cert=args.tls_cert or env.tls_cert,
+        tls_key=args.tls_key or env.tls_key,
+        server_name=args.tls_server_name or env.server_name,
+        token=read_token(args.token_file) if args.token_file else env.token,
+    )
+
+
 def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
     """GetStats of --target, or None after saying on stderr why it could not be had."""
     import grpc
@@ -60,7 +84,10 @@ def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
     from clients.admin import get_stats
 
     try:
-        return get_stats(args.target, timeout=args.timeout)
+        return get_stats(args.target, timeout=args.timeout, security=_client_security(args))
+    except ValueError as exc:  # a certificate or token file that cannot be read
+        print(f"kvbroker {verb}: {exc}", file=sys.stderr)
+        return None
     except grpc.RpcError as exc:
         print(f"kvbroker {verb}: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return None
@@ -399,12 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="HOST:PORT of the broker")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument("--timeout", type=float, default=5.0)
+    _security_flags(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("ab", help="the primary policy and its shadows (or the split arms) side by side, from a running broker")
     p.add_argument("--target", required=True, help="HOST:PORT of the broker")
     p.add_argument("--json", action="store_true", help="one JSON object: config_generation and arms")
     p.add_argument("--timeout", type=float, default=5.0)
+    _security_flags(p)
     p.set_defaults(func=cmd_ab)
 
     p = sub.add_parser("replay", help="replay a journal or a trace through policies and compare them")

@@ -13,6 +13,8 @@ import tomllib
 from typing import Any
 
 from broker.health import HealthConfig, health_config_from_dict
+from broker.limits import LimitsConfig, limits_config_from_dict
+from broker.security import SecurityConfig, security_config_from_dict
 from broker.telemetry import TelemetryConfig, telemetry_config_from_dict
 from policies.base import TierInfo
 
@@ -125,6 +127,9 @@ class CoreConfig:
     recompute_us: int = 5_000
     # KV quantization: scales block footprints and adds a dequantization time per transfer.
     quant: str = "fp16"
+    # limits.max_blocks_per_tenant (0 = none): here because the core enforces it, so replay
+    # and recovery (which see the journaled CoreConfig) refuse the same allocations.
+    max_blocks_per_tenant: int = 0
 
 
 # bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
@@ -139,6 +144,8 @@ class BrokerConfig:
     journal: JournalConfig = dataclasses.field(default_factory=JournalConfig)
     telemetry: TelemetryConfig = dataclasses.field(default_factory=TelemetryConfig)
     health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
 
     def stream_key(self) -> str:
         return self.journal.stream.replace("{id}", self.broker_id)
@@ -296,6 +303,8 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))
     health = health_config_from_dict(_table(root, "health"))
+    security = security_config_from_dict(_table(root, "security"))
+    limits = limits_config_from_dict(_table(root, "limits"))
     _no_extra(root, "")
 
     core = CoreConfig(
@@ -304,8 +313,18 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         prefetch_margin_us=margin,
         recompute_us=recompute_us,
         quant=quant,
+        max_blocks_per_tenant=limits.max_blocks_per_tenant,
     )
-    config = BrokerConfig(broker_id=broker_id, listen=listen, core=core, journal=journal, telemetry=telemetry, health=health)
+    config = BrokerConfig(
+        broker_id=broker_id,
+        listen=listen,
+        core=core,
+        journal=journal,
+        telemetry=telemetry,
+        health=health,
+        security=security,
+        limits=limits,
+    )
     validate_policy(core)
     return config
 
@@ -405,6 +424,7 @@ def config_to_toml(config: BrokerConfig) -> str:
             key = "capacity" if field.name == "capacity_bytes" else field.name
             lines.append(f"{key} = {_toml_value(getattr(tier, field.name))}")
     lines += ["", *config.telemetry.toml_lines(), "", *config.health.toml_lines()]
+    lines += ["", *config.security.toml_lines(), "", *config.limits.toml_lines()]
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,9 @@
 
 The servicer converts between bytes/protobuf and the service and sets statuses; nothing
 else. Requests that carry a batch are received as raw bytes, so the journal stores each
-batch exactly as the client sent it.
+batch exactly as the client sent it; with bearer tokens, followed by the tenant the broker
+set (``IntentBatch.tenant``, appended as one more field: broker.security.tenant_field).
+Security (TLS, tokens, tenants) is broker.security; limits are broker.limits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ from broker.config import BrokerConfig
 from broker.journal import Journal, JournalRecord, JournalSource, open_journal
 from broker.journal.base import NullJournal
 from broker.journal.redis_stream import RedisJournal, stream_exists
+from broker.limits import DEFAULT_MAX_MESSAGE_BYTES, StreamCounts, events_refusal
+from broker.security import (
+    Access,
+    AuthInterceptor,
+    Identity,
+    TenantError,
+    Tokens,
+    describe_table,
+    query_tenant,
+    server_credentials,
+    stream_tenant,
+    tenant_field,
+)
 from broker.service import BrokerService, VersionError
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
@@ -30,7 +45,8 @@ from kvbroker.v1 import intent_pb2 as pb
 log = logging.getLogger("kvbroker.server")
 
 SERVICE_NAME = "kvbroker.v1.BrokerService"
-MAX_MESSAGE_BYTES = 64 * 2**20
+# Responses: never smaller than the default, whatever limits.max_message_bytes is.
+MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 
 
 def field_slice(raw: bytes, field_number: int) -> bytes | None:
@@ -86,8 +102,22 @@ def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch:
 
 
 class BrokerServicer:
-    def __init__(self, service: BrokerService) -> None:
+    def __init__(self, service: BrokerService, access: Access | None = None) -> None:
+        """``access``: the bearer tokens in force (None: no authentication)."""
         self.service = service
+        self.access = access
+        self.stream_counts = StreamCounts()
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        return self.access.identity(context) if self.access is not None else None
+
+    async def _tenant(self, context: grpc.aio.ServicerContext, hello: spb.Hello) -> str:
+        """The tenant the call acts for; a tenant its token does not allow: PERMISSION_DENIED."""
+        try:
+            return stream_tenant(self._identity(context), hello.tenant, self.access is not None)
+        except TenantError as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise  # not reached: abort raises
 
     async def Stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[spb.StreamResponse]:
         service = self.service
@@ -100,20 +130,28 @@ class BrokerServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
         if opening.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
+        tenant = await self._tenant(context, opening.hello)
         try:
-            reply = service.hello(opening.hello)
+            reply = service.hello(opening.hello, tenant)
         except VersionError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         client_id = opening.hello.client_id
-        yield spb.StreamResponse(hello=reply)
-        service.streams += 1
+        key = (tenant, client_id)
+        refusal = self.stream_counts.enter(key, service.config.limits)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         try:
-            async for raw in requests:
-                yield spb.StreamResponse(directives=await self._stream_batch(raw, client_id))
+            yield spb.StreamResponse(hello=reply)
+            service.streams += 1
+            try:
+                async for raw in requests:
+                    yield spb.StreamResponse(directives=await self._stream_batch(raw, client_id, tenant))
+            finally:
+                service.streams -= 1
         finally:
-            service.streams -= 1
+            self.stream_counts.leave(key)
 
-    async def _stream_batch(self, raw: bytes, client_id: str) -> dpb.DirectiveBatch:
+    async def _stream_batch(self, raw: bytes, client_id: str, tenant: str) -> dpb.DirectiveBatch:
         try:
             request = spb.StreamRequest.FromString(raw)
         except DecodeError as exc:
@@ -124,26 +162,42 @@ class BrokerServicer:
         if batch.client_id != client_id:
             return _batch_error("client_id", f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}", batch=batch)
         payload = field_slice(raw, 2)
-        return await self.service.submit_durable(batch, payload if payload is not None else batch.SerializeToString())
+        return await self._submit(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+
+    async def _submit(self, batch: pb.IntentBatch, payload: bytes, tenant: str) -> dpb.DirectiveBatch:
+        """Limits and the tenant, then the service: a refused batch is not applied or journaled."""
+        refusal = events_refusal(len(batch.events), self.service.config.limits)
+        if refusal is not None:
+            return _batch_error("events", refusal, batch=batch)
+        if tenant and batch.tenant != tenant:
+            if batch.tenant:
+                return _batch_error("tenant", f"{batch.tenant!r} is not the stream's tenant (leave it empty)", "PERMISSION_DENIED", batch)
+            batch.tenant = tenant
+            payload += tenant_field(tenant)  # journaled with the batch: replay checks the same tenant
+        return await self.service.submit_durable(batch, payload)
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
         try:
             request = spb.SubmitRequest.FromString(raw)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed SubmitRequest: {exc}")
+        tenant = await self._tenant(context, request.hello)
         try:
-            self.service.hello(request.hello)
+            self.service.hello(request.hello, tenant)
         except VersionError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         batch = request.batch
         if batch.client_id != request.hello.client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch.client_id: must equal hello.client_id")
         payload = field_slice(raw, 2)
-        result = await self.service.submit_durable(batch, payload if payload is not None else batch.SerializeToString())
+        result = await self._submit(batch, payload if payload is not None else batch.SerializeToString(), tenant)
         return spb.SubmitResponse(directives=result)
 
     async def GetResidency(self, request: spb.GetResidencyRequest, context: grpc.aio.ServicerContext) -> spb.GetResidencyResponse:
-        response = self.service.residency(request)
+        tenant = query_tenant(self._identity(context))
+        if tenant is not None and request.WhichOneof("query") in (None, "totals"):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "GetResidency totals are broker-wide: they need an admin token")
+        response = self.service.residency(request, tenant)
         if response is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"block {request.block_id!r} is not allocated")
         assert response is not None
@@ -236,7 +290,16 @@ async def start_broker(
     config_path: str | None = None,
     overrides: Callable[[BrokerConfig], BrokerConfig] | None = None,
 ) -> RunningBroker:
-    """``overrides`` re-applies command-line settings to a config file read again on reload."""
+    """``overrides`` re-applies command-line settings to a config file read again on reload.
+    Raises ConfigError (naming the key) if the certificates or tokens cannot be loaded."""
+    security = config.security
+    credentials = server_credentials(security)
+    tokens = Tokens(security) if security.auth else None
+    log.info(
+        "security: TLS %s, bearer tokens %s",
+        ("on, mutual (client certificates required)" if security.tls_client_ca else "on") if credentials is not None else "off",
+        describe_table(tokens.table) if tokens is not None else "off",
+    )
     journal = open_journal(
         config.journal.url,
         stream=config.stream_key(),
@@ -250,12 +313,13 @@ async def start_broker(
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(
+        interceptors=[AuthInterceptor(tokens)] if tokens is not None else None,
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
+            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+            ("grpc.max_send_message_length", max(MAX_MESSAGE_BYTES, config.limits.max_message_bytes)),
+        ],
     )
-    add_servicer(BrokerServicer(service), server)
+    add_servicer(BrokerServicer(service, Access(tokens) if tokens is not None else None), server)
     health = await broker_health.install(server, service, config)
     try:
         telemetry = await broker_telemetry.install(server, service, config)
@@ -263,7 +327,7 @@ async def start_broker(
         await health.stop()
         await journal.close()
         raise
-    port = server.add_insecure_port(config.listen)
+    port = server.add_secure_port(config.listen, credentials) if credentials is not None else server.add_insecure_port(config.listen)
     if port == 0:
         await health.stop()
         await telemetry.stop()

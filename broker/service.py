@@ -11,7 +11,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterable
 
-from broker.apply import BatchOutcome, apply_batch
+from broker.apply import BatchOutcome, apply_batch, client_key
 from broker.arms import Driving, SplitArms
 from broker.config import (
     BrokerConfig,
@@ -226,6 +226,8 @@ class BrokerService:
                 ("journal", self.config.journal, new.journal),
                 ("telemetry", self.config.telemetry, new.telemetry),
                 ("health", self.config.health, new.health),
+                ("security", self.config.security, new.security),
+                ("limits.max_message_bytes", self.config.limits.max_message_bytes, new.limits.max_message_bytes),
             ):
                 if old_value != new_value:
                     raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
@@ -258,14 +260,15 @@ class BrokerService:
     def generation(self) -> int:
         return self.core.generation
 
-    def hello(self, hello: spb.Hello) -> spb.HelloReply:
+    def hello(self, hello: spb.Hello, tenant: str = "") -> spb.HelloReply:
+        """``tenant``: the tenant the stream acts for (broker.security.stream_tenant)."""
         check_hello(hello)
         core = self.core_for(hello.client_id)  # in a split, the client learns its arm
         return spb.HelloReply(
             served_majors=SERVED_MAJORS,
             schema_minor=SCHEMA_MINOR,
             broker_id=self.config.broker_id,
-            last_batch_seq=core.client_seq.get(hello.client_id, 0),
+            last_batch_seq=core.client_seq.get(client_key(tenant, hello.client_id), 0),
             policy=core.policy_name,
             config_generation=self.generation,
         )
@@ -326,19 +329,25 @@ class BrokerService:
             out.deadline_us = block.deadline_us
         return out
 
-    def residency(self, request: spb.GetResidencyRequest) -> spb.GetResidencyResponse | None:
-        """None when the named block does not exist."""
+    def residency(self, request: spb.GetResidencyRequest, tenant: str | None = None) -> spb.GetResidencyResponse | None:
+        """None when the named block does not exist. With ``tenant`` (a tenant token's
+        query): only that tenant's blocks, another tenant's block is as unknown, and the
+        broker-wide tier totals are left out."""
         query = request.WhichOneof("query")
         cores = self.driving_cores().values()
-        response = spb.GetResidencyResponse(tiers=self.tiers_pb(), dropped_blocks=sum(c.dropped_blocks() for c in cores))
+        if tenant is None:
+            response = spb.GetResidencyResponse(tiers=self.tiers_pb(), dropped_blocks=sum(c.dropped_blocks() for c in cores))
+        else:
+            response = spb.GetResidencyResponse()
         if query == "block_id":
             block = self.find_block(request.block_id)
-            if block is None:
+            if block is None or (tenant is not None and block.tenant != tenant):
                 return None
             response.blocks.append(self.block_pb(block))
         elif query == "request_id":
             for core in cores:
-                response.blocks.extend(self.block_pb(b) for b in core.request_blocks(request.request_id))
+                blocks = core.request_blocks(request.request_id)
+                response.blocks.extend(self.block_pb(b) for b in blocks if tenant is None or b.tenant == tenant)
         return response
 
     def stats(self) -> spb.GetStatsResponse:

@@ -35,6 +35,13 @@ BrokerQueueFull and the event is not taken). Received directives wait in a queue
 **Directives** come by callback (``on_directive``, a function or coroutine function, called
 in order by a task of the client's event loop; it may send, e.g. ack) or, without one, from
 ``directives()`` / ``drain_directives()``.
+
+**Security.** ``security=ClientSecurity(...)`` connects over TLS (``tls_ca``: the CA that
+signed the broker's certificate), with a client certificate for mutual TLS (``tls_cert``,
+``tls_key``) and a bearer token (``token``). Without it, ``ClientSecurity.from_env()`` reads
+``KVBROKER_TLS_CA``, ``KVBROKER_TLS_CERT``, ``KVBROKER_TLS_KEY``, ``KVBROKER_TLS_SERVER_NAME``
+and ``KVBROKER_TOKEN`` (or ``KVBROKER_TOKEN_FILE``), so sidecars are configured by their
+environment. A refusal (UNAUTHENTICATED, PERMISSION_DENIED) is final: no retry.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import dataclasses
 import enum
 import inspect
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -66,13 +74,111 @@ STREAM_METHOD = "/kvbroker.v1.BrokerService/Stream"
 MAX_MESSAGE_BYTES = 64 * 2**20
 
 # Refusals that a retry cannot fix: the broker does not serve us.
-_PERMANENT = frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED})
+_PERMANENT = frozenset(
+    {
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 
 DirectiveCallback = Callable[[dpb.Directive], Awaitable[None] | None]
 
 
 class BrokerError(Exception):
     """The broker refused the stream, or the client was closed or failed for good."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSecurity:
+    """How to reach a broker that serves TLS or wants a bearer token. Paths are PEM files.
+    The token is never logged (it is left out of ``repr``)."""
+
+    # CA bundle the broker's certificate must chain to; turns TLS on.
+    tls_ca: str = ""
+    # Client certificate and key, for a broker with mutual TLS (security.tls_client_ca).
+    tls_cert: str = ""
+    tls_key: str = ""
+    # TLS with the system's CAs, when tls_ca is not given.
+    tls: bool = False
+    # The name the broker's certificate is checked for, when not the target's host.
+    server_name: str = ""
+    token: str = dataclasses.field(default="", repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Any = None) -> ClientSecurity:
+        """From KVBROKER_TLS_CA, KVBROKER_TLS_CERT, KVBROKER_TLS_KEY, KVBROKER_TLS_SERVER_NAME
+        and KVBROKER_TOKEN or KVBROKER_TOKEN_FILE (unset: plaintext, no token)."""
+        env = os.environ if environ is None else environ
+        token = env.get("KVBROKER_TOKEN", "")
+        if not token and env.get("KVBROKER_TOKEN_FILE"):
+            token = read_token(env["KVBROKER_TOKEN_FILE"])
+        return cls(
+            tls_ca=env.get("KVBROKER_TLS_CA", ""),
+            tls_cert=env.get("KVBROKER_TLS_CERT", ""),
+            tls_key=env.get("KVBROKER_TLS_KEY", ""),
+            server_name=env.get("KVBROKER_TLS_SERVER_NAME", ""),
+            token=token,
+        )
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls or self.tls_ca or self.tls_cert)
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """Channel credentials for TLS, or None for plaintext. Raises ValueError naming the
+        file that cannot be read."""
+        if not self.uses_tls:
+            return None
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key: give both (mutual TLS) or neither")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(self.tls_ca, "tls_ca") if self.tls_ca else None,
+            private_key=_read_pem(self.tls_key, "tls_key") if self.tls_key else None,
+            certificate_chain=_read_pem(self.tls_cert, "tls_cert") if self.tls_cert else None,
+        )
+
+    def channel_options(self) -> list[tuple[str, Any]]:
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name and self.uses_tls else []
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata: the bearer token, if any (sent on plaintext channels too, e.g. to
+        a broker on loopback; use TLS anywhere else)."""
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+    def aio_channel(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        creds = self.credentials()
+        opts = [*options, *self.channel_options()]
+        if creds is None:
+            return grpc.aio.insecure_channel(target, options=opts)
+        return grpc.aio.secure_channel(target, creds, options=opts)
+
+    def channel(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+        """A synchronous channel (tools: clients.admin)."""
+        creds = self.credentials()
+        opts = [*options, *self.channel_options()]
+        if creds is None:
+            return grpc.insecure_channel(target, options=opts)
+        return grpc.secure_channel(target, creds, options=opts)
+
+
+def read_token(path: str) -> str:
+    """A bearer token from a file (its first line; surrounding whitespace dropped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().strip()
+    except OSError as exc:
+        raise ValueError(f"token file {path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from exc
 
 
 class BrokerQueueFull(BrokerError):
@@ -202,7 +308,9 @@ class BrokerClient:
         on_directive: DirectiveCallback | None = None,
         close_timeout_s: float | None = 30.0,
         channel_options: Sequence[tuple[str, Any]] = (),
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``security``: TLS and bearer token (default: ``ClientSecurity.from_env()``)."""
         if max_batch_events <= 0:
             raise ValueError("max_batch_events must be > 0")
         if max_pending_batches <= 0:
@@ -214,6 +322,7 @@ class BrokerClient:
         self.target = target
         self.client_id = client_id
         self.tenant = tenant
+        self.security = security if security is not None else ClientSecurity.from_env()
         self.max_batch_events = max_batch_events
         self.max_delay_s = max_delay_s
         self.schema_major = schema_major
@@ -501,14 +610,14 @@ class BrokerClient:
 
     async def _open(self) -> _Conn:
         """A new channel and stream, hellos exchanged. Raises _Refused or a transport error."""
-        channel = grpc.aio.insecure_channel(self.target, options=self.channel_options)
+        channel = self.security.aio_channel(self.target, self.channel_options)
         try:
             stream = channel.stream_stream(
                 STREAM_METHOD,
                 request_serializer=spb.StreamRequest.SerializeToString,
                 response_deserializer=spb.StreamResponse.FromString,
             )
-            call = stream()
+            call = stream(metadata=self.security.metadata())
             hello = spb.Hello(schema_major=self.schema_major, schema_minor=SCHEMA_MINOR, client_id=self.client_id, tenant=self.tenant)
 
             async def exchange() -> Any:
@@ -612,7 +721,11 @@ class BrokerClient:
                             conn.reply.last_batch_seq,
                             len(resend),
                         )
-                ended = await self._run(conn, resend)
+                try:
+                    ended = await self._run(conn, resend)
+                except _Refused as exc:
+                    self._fail(BrokerError(str(exc)))
+                    return
                 resend = []
                 conn = None
                 await self._drop_conn()
@@ -642,6 +755,9 @@ class BrokerClient:
                 await reader
             task = reader if reader.done() else writer
             exc = task.exception()
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _too_large(exc):
+                # Sending the same batch again would fail the same way: stop.
+                raise _Refused(_describe(exc))
             return _describe(exc) if exc is not None else "end of stream"
         finally:
             for task in (reader, writer):
@@ -758,8 +874,15 @@ class BrokerClient:
         return out
 
 
+def _too_large(exc: grpc.aio.AioRpcError) -> bool:
+    return "larger than max" in (exc.details() or "")
+
+
 def _describe(exc: BaseException | None) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _too_large(exc):
+            # gRPC's own words; say which limit it is.
+            return f"{exc.code().name}: {exc.details()} (a batch over the broker's limits.max_message_bytes; send smaller batches)"
         return f"{exc.code().name}: {exc.details()}"
     if exc is None:
         return "no error"
