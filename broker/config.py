@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 from typing import Any
@@ -30,6 +31,10 @@ SIZE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+# Sizes fit an int64 (and the uint64 fields that report them).
+MAX_SIZE = 2**63
+# tiers[].channels at most: one list entry each in the cost model.
+MAX_CHANNELS = 1024
 SIZE_RE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -42,6 +47,8 @@ def parse_size(value: Any, key: str) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a size in bytes, got {value!r}")
     if isinstance(value, int):
+        if value >= MAX_SIZE:  # float() of a huge int overflows
+            raise ConfigError(f"{key}: too large, at most {MAX_SIZE - 1} bytes, got {value!r}")
         number, unit = float(value), ""
     elif isinstance(value, str) and (m := SIZE_RE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
@@ -49,7 +56,10 @@ def parse_size(value: Any, key: str) -> int:
         raise ConfigError(f"{key}: expected a size such as 16GiB or 4096, got {value!r}")
     if unit not in SIZE_UNITS:
         raise ConfigError(f"{key}: unknown size unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    size = int(number * SIZE_UNITS[unit])
+    scaled = number * SIZE_UNITS[unit]
+    if not scaled < MAX_SIZE:  # past int64 (and past float range: inf)
+        raise ConfigError(f"{key}: too large, at most {MAX_SIZE - 1} bytes, got {value!r}")
+    size = int(scaled)
     if size < 0:
         raise ConfigError(f"{key}: must be >= 0, got {value!r}")
     return size
@@ -92,6 +102,10 @@ class PolicyConfig:
     split: tuple[tuple[str, float], ...] = ()
 
 
+# journal.spool_max_bytes at least: the spool header and a few records.
+MIN_SPOOL_BYTES = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class JournalConfig:
     # file://PATH, redis://HOST:PORT/DB or "none".
@@ -111,6 +125,16 @@ class JournalConfig:
     # "journal": answer a batch only once its journal record is written (a crash then loses
     # no answered batch); "memory": answer at once and journal behind (lower latency).
     ack_after: str = "journal"
+    # Redis journal: while Redis is unreachable, records go to an append-only spool file in
+    # this directory (created when first needed) and drain to Redis, in order, once it is
+    # back. A spooled record counts as written (fsynced when journal.fsync). "" = no spool:
+    # records wait in memory and answers wait with them (ack_after = "journal").
+    spool_dir: str = "kvbroker.spool"
+    # Bound of the spool file on disk, in bytes.
+    spool_max_bytes: int = 1 << 30
+    # Spool full while Redis is unreachable: "refuse" new batches (UNAVAILABLE, not applied)
+    # or "drop" their journal records (counted in journal_dropped and logged).
+    spool_full: str = "refuse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,12 +245,12 @@ def _tier(raw: Any, i: int) -> TierConfig:
     low = _take(t, "low_watermark", where, float, 0.90)
     channels = _take(t, "channels", where, int, 2)
     _no_extra(t, where)
-    if channels < 1:
-        raise ConfigError(f"{where}channels: must be >= 1, got {channels}")
-    if latency < 0:
-        raise ConfigError(f"{where}read_latency_us: must be >= 0, got {latency}")
-    if bandwidth <= 0:
-        raise ConfigError(f"{where}bandwidth_gb_per_s: must be > 0, got {bandwidth}")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ConfigError(f"{where}channels: must be in 1..{MAX_CHANNELS}, got {channels}")
+    if not 0 <= latency < math.inf:  # NaN fails too
+        raise ConfigError(f"{where}read_latency_us: must be a finite number >= 0, got {latency}")
+    if not 0 < bandwidth < math.inf:
+        raise ConfigError(f"{where}bandwidth_gb_per_s: must be a finite number > 0, got {bandwidth}")
     if not 0 < high <= 1:
         raise ConfigError(f"{where}high_watermark: must be in (0, 1], got {high}")
     if not 0 < low <= high:
@@ -293,6 +317,12 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         max_group=_take(jr, "max_group", "journal.", int, JournalConfig.max_group),
         recover=_take(jr, "recover", "journal.", bool, JournalConfig.recover),
         ack_after=_take(jr, "ack_after", "journal.", str, JournalConfig.ack_after),
+        spool_dir=_take(jr, "spool_dir", "journal.", str, JournalConfig.spool_dir),
+        # A size like the tiers' capacities: bytes, or "512MiB".
+        spool_max_bytes=parse_size(jr.pop("spool_max_bytes"), "journal.spool_max_bytes")
+        if "spool_max_bytes" in jr
+        else JournalConfig.spool_max_bytes,
+        spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -301,6 +331,12 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")
     if journal.max_group <= 0:
         raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
+    if journal.spool_max_bytes < MIN_SPOOL_BYTES:
+        raise ConfigError(f"journal.spool_max_bytes: must be >= {MIN_SPOOL_BYTES}, got {journal.spool_max_bytes}")
+    if journal.spool_full not in ("refuse", "drop"):
+        raise ConfigError(f'journal.spool_full: must be "refuse" or "drop", got {journal.spool_full!r}')
+    if "\0" in journal.spool_dir:
+        raise ConfigError("journal.spool_dir: must not contain NUL")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))
     health = health_config_from_dict(_table(root, "health"))
     security = security_config_from_dict(_table(root, "security"))
@@ -428,11 +464,24 @@ def config_to_toml(config: BrokerConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_ints(value: Any, key: str) -> None:
+    """TOML integers are 64-bit signed; tomllib reads larger ones, refused here by key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_ints(v, f"{key}.{k}" if key else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_ints(v, f"{key}[{i}]")
+    elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{key}: {value} is out of TOML's 64-bit integer range")
+
+
 def parse_config(text: str) -> BrokerConfig:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"malformed TOML: {exc}") from exc
+    _check_ints(data, "")
     return config_from_dict(data)
 
 
@@ -445,4 +494,6 @@ def load_config(path: str | None) -> BrokerConfig:
             text = f.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config {path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     return parse_config(text)

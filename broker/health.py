@@ -3,10 +3,19 @@
 Statuses served by the standard ``grpc.health.v1.Health`` service:
 
 - ``kvbroker.v1.BrokerService`` and ``""`` (the whole server): SERVING, or NOT_SERVING
-  while the journal is unreachable, i.e. a write failed and records are still waiting.
-  They are SERVING again once writes go through (the backlog drains or shrinks with no new
-  failure). Use this for readiness: with ``journal.ack_after = "journal"`` a broker whose
-  journal is down cannot answer batches.
+  while the journal cannot take records durably:
+
+  - a Redis journal with a local spool (``journal.spool_dir``, the default): NOT_SERVING
+    while Redis is unreachable AND the spool is full (batches are then refused with
+    UNAVAILABLE, or their records dropped, per ``journal.spool_full``). While the spool
+    still has room the broker answers as usual, so it stays SERVING; it is SERVING again
+    as soon as a write to Redis goes through (the spool then drains);
+  - any other journal (a file, or Redis with ``spool_dir = ""``): NOT_SERVING while it is
+    unreachable, i.e. a write failed and records are still waiting; SERVING again once
+    writes go through (the backlog drains or shrinks with no new failure).
+
+  Use this for readiness: with ``journal.ack_after = "journal"`` a broker whose journal is
+  down with nowhere to spool cannot answer batches.
 - ``liveness``: SERVING while the process and its event loop answer, whatever the journal
   does. Use this for liveness: restarting the broker never brings Redis back, and a restart
   would drop what is queued in memory.
@@ -14,8 +23,9 @@ Statuses served by the standard ``grpc.health.v1.Health`` service:
 Every status goes NOT_SERVING for good when the broker starts stopping (``Health.stop``),
 so probes and balancers stop sending before calls are drained.
 
-A small task polls the journal (``Journal.errors``, ``written``, ``pending``) every
-``health.poll_ms`` and sets the statuses; nothing is added to the request path.
+A small task polls the journal (``Journal.saturated``, or ``errors``, ``written``,
+``pending``) every ``health.poll_ms`` and sets the statuses; nothing is added to the
+request path.
 Reflection (``grpc.reflection.v1alpha.ServerReflection``) lists the broker, health and
 reflection services, so ``grpcurl -plaintext HOST:PORT list`` works without proto files.
 """
@@ -87,7 +97,9 @@ class JournalWatch:
 
     Failing: a write failed since the last poll and records are waiting. Healthy again: no
     new failure since the last poll, and either nothing is waiting or writes went through.
-    A writer stuck with records waiting and no progress stays failing.
+    A writer stuck with records waiting and no progress stays failing. A journal with a
+    spool says itself (``Journal.saturated``): failing exactly while its backend is
+    unreachable and its spool is full.
     """
 
     def __init__(self) -> None:
@@ -99,6 +111,13 @@ class JournalWatch:
     def update(self, journal: Journal) -> bool:
         """Sample ``journal``; returns True when it is healthy."""
         errors, written, pending = journal.errors, journal.written, journal.pending
+        saturated = getattr(journal, "saturated", None)
+        if saturated is not None:  # a journal with a spool knows: unreachable and spool full
+            self._errors, self._written = errors, written
+            self.failing = saturated
+            if saturated:
+                self.last_error = f"{journal.last_error}; spool full"
+            return not self.failing
         if self._errors is None:
             self._errors, self._written = errors, written
             return not self.failing
@@ -146,11 +165,17 @@ class Health:
                 log.info("journal %s writes again (pending %d): SERVING", journal.description, journal.pending)
             else:
                 log.warning(
-                    "journal %s unreachable (%s; pending %d): NOT_SERVING",
+                    "journal %s unreachable (%s; pending %d, spooled %d): NOT_SERVING",
                     journal.description,
                     self.watch.last_error,
                     journal.pending,
-                    extra={"journal_pending": journal.pending, "journal_errors": journal.errors},
+                    getattr(journal, "spool_records", 0),
+                    extra={
+                        "journal_pending": journal.pending,
+                        "journal_errors": journal.errors,
+                        "journal_spool_bytes": getattr(journal, "spool_bytes", 0),
+                        "journal_dropped": getattr(journal, "dropped", 0),
+                    },
                 )
         return healthy
 

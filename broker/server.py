@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from broker import health as broker_health
 from broker import telemetry as broker_telemetry
 from broker.config import BrokerConfig
-from broker.journal import Journal, JournalRecord, JournalSource, open_journal
+from broker.journal import Journal, JournalError, JournalRecord, JournalSource, open_journal
 from broker.journal.base import NullJournal
 from broker.journal.redis_stream import RedisJournal, stream_exists
 from broker.limits import DEFAULT_MAX_MESSAGE_BYTES, StreamCounts, events_refusal
@@ -174,6 +174,9 @@ class BrokerServicer:
                 return _batch_error("tenant", f"{batch.tenant!r} is not the stream's tenant (leave it empty)", "PERMISSION_DENIED", batch)
             batch.tenant = tenant
             payload += tenant_field(tenant)  # journaled with the batch: replay checks the same tenant
+        refusal = self.service.journal.refusal(len(payload))
+        if refusal is not None:  # Redis down and the spool full (journal.spool_full = "refuse")
+            return _batch_error("journal", refusal, "UNAVAILABLE", batch)
         return await self.service.submit_durable(batch, payload)
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
@@ -280,6 +283,11 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
         return []
     url = config.journal.url
     if isinstance(journal, RedisJournal):
+        if journal.spool_records:  # the start could not drain a leftover spool
+            raise JournalError(
+                f"cannot recover: {journal.spool_records} spooled records are not yet in {journal.description} "
+                f"({journal.last_error}); start again once Redis answers, or set journal.recover = false"
+            )
         source = JournalSource(journal.url, journal.stream)
         return list(source.ordered()) if stream_exists(journal.url, journal.stream) else []
     return list(JournalSource(url).ordered())
@@ -306,9 +314,16 @@ async def start_broker(
         maxlen=config.journal.maxlen,
         fsync=config.journal.fsync,
         max_group=config.journal.max_group,
+        spool_dir=config.journal.spool_dir,
+        spool_max_bytes=config.journal.spool_max_bytes,
+        spool_full=config.journal.spool_full,
     )
     await journal.start()
-    recovered = await asyncio.to_thread(_recoverable, config, journal)
+    try:
+        recovered = await asyncio.to_thread(_recoverable, config, journal)
+    except BaseException:
+        await journal.close()
+        raise
     service = BrokerService(config, journal, recovered, config_path, overrides)
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)

@@ -22,6 +22,10 @@ Series (Prometheus names; OTLP carries the same instrument names):
   ``kvbroker_tier_capacity_bytes{tier}``, ``kvbroker_tier_pinned_bytes{tier}``: occupancy now.
 - ``kvbroker_journal_pending`` (records accepted, not yet written),
   ``kvbroker_journal_written_total``, ``kvbroker_journal_errors_total``.
+- ``kvbroker_journal_spool_bytes``, ``kvbroker_journal_spool_records`` (the local spool of
+  a Redis journal during an outage: bytes on disk, records not yet in Redis) and
+  ``kvbroker_journal_dropped_total`` (records dropped with the spool full,
+  ``journal.spool_full = "drop"``).
 - ``kvbroker_config_generation{policy}``, ``kvbroker_config_reloads_total``,
   ``kvbroker_streams`` (open client streams).
 
@@ -516,6 +520,22 @@ def _register_instruments(meter_provider: MeterProvider, service: BrokerService,
     )
     meter.create_observable_counter(
         "kvbroker_journal_errors_total", [scalar(lambda: service.journal.errors)], description="Journal write attempts that failed"
+    )
+    meter.create_observable_gauge(
+        "kvbroker_journal_spool_bytes",
+        [scalar(lambda: getattr(service.journal, "spool_bytes", 0))],
+        unit="By",
+        description="Bytes of the local journal spool (Redis unreachable or draining)",
+    )
+    meter.create_observable_gauge(
+        "kvbroker_journal_spool_records",
+        [scalar(lambda: getattr(service.journal, "spool_records", 0))],
+        description="Spooled journal records not yet in Redis",
+    )
+    meter.create_observable_counter(
+        "kvbroker_journal_dropped_total",
+        [scalar(lambda: getattr(service.journal, "dropped", 0))],
+        description='Journal records dropped because Redis was unreachable and the spool full (journal.spool_full = "drop")',
     )
     meter.create_observable_gauge(
         "kvbroker_config_generation",

@@ -73,6 +73,10 @@ log = logging.getLogger("kvbroker.vllm_events")
 BlockHash = bytes | int | str
 
 DEFAULT_BLOCK_SIZE = 16
+# Tokens per block: MemoryIntent.token_count is a uint32.
+MAX_BLOCK_SIZE = 2**32 - 1
+# Event times (µs) stay inside int64: later than this many seconds is not a timestamp.
+MAX_TS_S = 2**62 / 1e6
 SEQ_BYTES = 8
 END_OF_REPLAY = -1
 CAPTURE_FORMAT = "kvbroker-vllm-events"
@@ -255,8 +259,8 @@ def decode_event(raw: Any) -> KVEvent | None:
     if kind == "BlockStored":
         _, f = _fields(raw, STORED_FIELDS)
         block_size = _opt_int(f, "block_size")
-        if block_size is not None and block_size <= 0:
-            raise DecodeError(f"block_size: must be > 0, got {block_size}")
+        if block_size is not None and not 0 < block_size <= MAX_BLOCK_SIZE:
+            raise DecodeError(f"block_size: must be in 1..{MAX_BLOCK_SIZE}, got {block_size}")
         parent = f.get("parent_block_hash")
         tokens = f.get("token_ids")
         return BlockStored(
@@ -613,9 +617,12 @@ class EngineTranslator:
 
 
 def ts_to_us(ts: float | None, fallback_s: float) -> int:
-    """Event time in microseconds: the batch's ts (unix seconds), else the fallback."""
-    seconds = ts if ts is not None and ts >= 0 else fallback_s
-    return max(0, int(seconds * 1_000_000))
+    """Event time in microseconds: the batch's ts (unix seconds) if it is one (finite, in
+    0..MAX_TS_S), else the fallback, else 0."""
+    seconds = ts if ts is not None and 0 <= ts <= MAX_TS_S else fallback_s
+    if not 0 <= seconds <= MAX_TS_S:  # NaN too
+        return 0
+    return int(seconds * 1_000_000)
 
 
 # ---- sequence numbers ------------------------------------------------------------------------

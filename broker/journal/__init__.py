@@ -43,13 +43,33 @@ def split_redis_url(url: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), stream
 
 
-def open_journal(url: str, *, stream: str, maxlen: int, fsync: bool, max_group: int) -> Journal:
-    """The journal a broker writes to, not yet started."""
+def open_journal(
+    url: str,
+    *,
+    stream: str,
+    maxlen: int,
+    fsync: bool,
+    max_group: int,
+    spool_dir: str = "",
+    spool_max_bytes: int = 1 << 30,
+    spool_full: str = "refuse",
+) -> Journal:
+    """The journal a broker writes to, not yet started. ``spool_*``: the local spool of a
+    Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none)."""
     if url == "none":
         return NullJournal(max_group)
     if url.startswith(_REDIS_SCHEMES):
         conn, key = split_redis_url(url)
-        return RedisJournal(conn, key or stream, maxlen=maxlen, max_group=max_group)
+        return RedisJournal(
+            conn,
+            key or stream,
+            maxlen=maxlen,
+            max_group=max_group,
+            spool_dir=spool_dir,
+            spool_max_bytes=spool_max_bytes,
+            spool_full=spool_full,
+            fsync=fsync,
+        )
     if url.startswith("file://"):
         return FileJournal(file_path(url), fsync=fsync, max_group=max_group)
     raise JournalError(f"journal URL {redact(url)!r}: expected file://PATH, redis://HOST:PORT/DB or none")

@@ -28,6 +28,9 @@ class Journal(ABC):
         self.appended = 0
         self.errors = 0
         self.last_error = ""
+        # Records given up on (a full spool under spool_full = "drop"); counted in ``written``
+        # too, which counts every record no longer waiting.
+        self.dropped = 0
         # (ordinal, future) of callers waiting for a record to be written, in ordinal order.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
@@ -38,6 +41,27 @@ class Journal(ABC):
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes in the local spool (journals with one: broker.journal.spool)."""
+        return 0
+
+    @property
+    def spool_records(self) -> int:
+        """Records in the local spool, not yet in the backend."""
+        return 0
+
+    @property
+    def saturated(self) -> bool | None:
+        """Whether the journal can take no more records durably; None when it does not
+        know (no spool): the health watch then goes by ``errors``, ``written``, ``pending``."""
+        return None
+
+    def refusal(self, nbytes: int) -> str | None:
+        """Why a new batch of about ``nbytes`` must be refused before it is applied (the
+        spool is full and spool_full = "refuse"), or None to accept it."""
+        return None
 
     async def start(self) -> None:
         await self._open()
@@ -98,12 +122,17 @@ class Journal(ABC):
                 continue
             backoff = 0.05
             del self._queue[: len(group)]
-            self.written += len(group)
-            waiters = self._waiters
-            while waiters and waiters[0][0] <= self.written:
-                _, future = waiters.popleft()
-                if not future.done():
-                    future.set_result(None)
+            self._settle(len(group))
+
+    def _settle(self, n: int) -> None:
+        """The next ``n`` queued records are written (or spooled, or dropped): release the
+        callers waiting for them."""
+        self.written += n
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= self.written:
+            _, future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
 
     async def _open(self) -> None:
         """Prepare the backend (create or repair the file, connect)."""

@@ -72,10 +72,20 @@ def scan(data: bytes, path: str) -> tuple[list[JournalRecord], int]:
         if MAGIC.startswith(data):
             return [], 0  # the header itself was torn
         raise JournalError(f"{path}: not a kvbroker journal (bad magic)")
+    return scan_frames(data, len(MAGIC), path)
+
+
+def framed_size(payload_bytes: int) -> int:
+    """Bytes a record with a payload of this size takes on disk."""
+    return FRAME.size + BODY.size + payload_bytes
+
+
+def scan_frames(data: bytes, pos: int, path: str, *, limit: int | None = None) -> tuple[list[JournalRecord], int]:
+    """The framed records of ``data`` from offset ``pos`` (at most ``limit``), and the offset
+    just after the last good one; a torn tail stops the scan, damage before it raises."""
     records: list[JournalRecord] = []
-    pos = len(MAGIC)
     end = len(data)
-    while pos < end:
+    while pos < end and (limit is None or len(records) < limit):
         if end - pos < FRAME.size:
             return records, pos  # torn frame header
         length, crc = FRAME.unpack_from(data, pos)

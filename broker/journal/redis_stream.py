@@ -1,9 +1,12 @@
-"""Redis streams journal: one stream entry per record, XADD pipelined, MAXLEN retention.
+"""Redis streams journal: one stream entry per record, XADD in MULTI/EXEC, MAXLEN retention.
 
 Batches and config records go to the stream key; directives, when journaled, to
 ``KEY:directives``. Entry
 fields: ``k`` record kind, ``v`` schema major, ``g`` config generation, ``d`` the payload
-bytes exactly as received.
+bytes exactly as received; the last entry each write adds to a key also carries ``s``,
+``EPOCH:SEQ`` (hex epoch, decimal seq), so a writer can tell after a failure what Redis
+holds (broker.journal.spool: exactly once, in order, spooled locally while Redis is down).
+Readers ignore ``s``.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from broker.journal.base import Journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.journal.spool import SpooledJournal, spool_file_name
 
 
 def directives_key(stream: str) -> str:
@@ -33,9 +38,27 @@ def _record(fields: dict[bytes, bytes], where: str) -> JournalRecord:
         raise JournalError(f"{where}: malformed journal entry ({exc})") from exc
 
 
-class RedisJournal(Journal):
-    def __init__(self, url: str, stream: str, *, maxlen: int, max_group: int = 512) -> None:
-        super().__init__(max_group)
+class RedisJournal(SpooledJournal):
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        *,
+        maxlen: int,
+        max_group: int = 512,
+        spool_dir: str = "",
+        spool_max_bytes: int = 1 << 30,
+        spool_full: str = "refuse",
+        fsync: bool = False,
+    ) -> None:
+        super().__init__(
+            max_group,
+            spool_dir=spool_dir,
+            spool_name=spool_file_name(stream),
+            spool_max_bytes=spool_max_bytes,
+            spool_full=spool_full,
+            fsync=fsync,
+        )
         self.url = url
         self.stream = stream
         self.maxlen = maxlen
@@ -45,18 +68,43 @@ class RedisJournal(Journal):
     def description(self) -> str:
         return f"{redact(self.url)} stream {self.stream}"
 
-    async def _open(self) -> None:
-        self._redis = aioredis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
+    async def _open_backend(self) -> None:
+        # No retries inside redis-py: a write retried after a lost reply would be applied
+        # twice. The writer retries, after reading back what Redis holds.
+        self._redis = aioredis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0))
 
-    async def _write(self, group: list[JournalRecord]) -> None:
+    def _key(self, record: JournalRecord) -> str:
+        return directives_key(self.stream) if record.kind == RecordKind.DIRECTIVES else self.stream
+
+    async def _write_tagged(self, group: list[JournalRecord], epoch: bytes, last_seq: int) -> None:
         assert self._redis is not None
-        pipe = self._redis.pipeline(transaction=False)
-        for record in group:
-            key = directives_key(self.stream) if record.kind == RecordKind.DIRECTIVES else self.stream
-            pipe.xadd(key, _fields(record), maxlen=self.maxlen, approximate=True)
+        last_of_key = {self._key(record): i for i, record in enumerate(group)}
+        tagged = set(last_of_key.values())
+        first_seq = last_seq - len(group) + 1
+        pipe = self._redis.pipeline(transaction=True)
+        for i, record in enumerate(group):
+            fields = _fields(record)
+            if i in tagged:
+                fields[b"s"] = f"{epoch.hex()}:{first_seq + i}"
+            pipe.xadd(self._key(record), fields, maxlen=self.maxlen, approximate=True)
         await pipe.execute()
 
-    async def _close(self) -> None:
+    async def _applied(self, epoch: bytes) -> int | None:
+        assert self._redis is not None
+        pipe = self._redis.pipeline(transaction=False)
+        for key in (self.stream, directives_key(self.stream)):
+            pipe.xrevrange(key, max="+", min="-", count=1)
+        prefix = epoch.hex().encode() + b":"
+        newest: int | None = None
+        for rows in await pipe.execute():
+            for _, fields in rows:
+                tag = fields.get(b"s", b"")
+                if tag.startswith(prefix):
+                    seq = int(tag[len(prefix) :])
+                    newest = seq if newest is None else max(newest, seq)
+        return newest
+
+    async def _close_backend(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None

@@ -41,17 +41,30 @@ class SkipCounter:
 def read_jsonl(path: str, skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-empty line; a line that is not a JSON object is bad."""
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below; open errors are reported apart
+        f = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors are reported apart
     except OSError as exc:
         raise TraceError(path, 0, "file", exc.strerror or str(exc)) from exc
     with f:
-        for number, line in enumerate(f, start=1):
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                skips.bad(TraceError(path, number, "line", f"not UTF-8: {exc.reason} at byte {exc.start}"))
+                continue
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
+                # "\ud800" is valid JSON but no Unicode: protobuf cannot carry it.
+                surrogate = "\\u" in line and _has_surrogate(obj)
             except json.JSONDecodeError as exc:
                 skips.bad(TraceError(path, number, "line", f"not JSON: {exc.msg}"))
+                continue
+            except RecursionError:
+                skips.bad(TraceError(path, number, "line", "nested too deeply"))
+                continue
+            if surrogate:
+                skips.bad(TraceError(path, number, "line", "a string holds a lone surrogate (\\ud800-\\udfff escape), not valid Unicode"))
                 continue
             if not isinstance(obj, dict):
                 skips.bad(TraceError(path, number, "line", f"expected a JSON object, got {type(obj).__name__}"))
@@ -59,8 +72,24 @@ def read_jsonl(path: str, skips: SkipCounter) -> Iterator[tuple[int, dict[str, A
             yield number, obj
 
 
-def require_int(obj: dict[str, Any], key: str, path: str, line: int, *, minimum: int = 0, optional: bool = False) -> int | None:
-    """An integer field (floats with no fraction are accepted) >= minimum."""
+def _has_surrogate(obj: Any) -> bool:
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(obj, dict):
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(_has_surrogate(v) for v in obj)
+    return False
+
+
+def require_int(
+    obj: dict[str, Any], key: str, path: str, line: int, *, minimum: int = 0, maximum: int | None = None, optional: bool = False
+) -> int | None:
+    """An integer field (floats with no fraction are accepted) in [minimum, maximum]."""
     if key not in obj or obj[key] is None:
         if optional:
             return None
@@ -74,6 +103,8 @@ def require_int(obj: dict[str, Any], key: str, path: str, line: int, *, minimum:
         value = int(value)
     if value < minimum:
         raise TraceError(path, line, key, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise TraceError(path, line, key, f"must be <= {maximum}, got {value}")
     return int(value)
 
 

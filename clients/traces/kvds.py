@@ -107,6 +107,7 @@ SEED_DECISIONS = frozenset({"SPILLED", "PREFETCHED", "EVICTED"})
 _I64 = 2**63 - 1
 _U32 = 2**32 - 1
 _U64 = 2**64 - 1
+_MAX_TOKENS = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,8 +547,9 @@ def parse_request(obj: dict[str, Any], path: str, line: int, opts: KvdsOptions, 
     if not isinstance(request_id, str) or not request_id:
         raise TraceError(path, line, "request_id", f"required, a non-empty string, got {request_id!r}")
     arrival = _ms_to_us(obj, "arrival_ms", path, line)
-    prompt = require_int(obj, "prompt_tokens", path, line)
-    generated = require_int(obj, "generated_tokens", path, line)
+    # Bounded so that block indexes, token offsets and decode step times stay in range.
+    prompt = require_int(obj, "prompt_tokens", path, line, maximum=_MAX_TOKENS)
+    generated = require_int(obj, "generated_tokens", path, line, maximum=_MAX_TOKENS)
     start = _ms_to_us(obj, "start_ms", path, line, optional=True)
     end = _ms_to_us(obj, "end_ms", path, line, optional=True)
     priority = require_int(obj, "request_priority", path, line, optional=True)

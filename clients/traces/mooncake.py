@@ -25,6 +25,9 @@ from clients.traces.base import SkipCounter, TraceError, batched, read_jsonl, re
 from kvbroker.v1 import intent_pb2 as pb
 
 LLAMA3_8B_BYTES_PER_TOKEN = 131_072
+# Bounds that keep every event time (arrival + prefill + decode steps) inside int64.
+MAX_TIMESTAMP_MS = 2**62 // 1000
+MAX_TOKENS = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +64,9 @@ def read_requests(path: str, skips: SkipCounter) -> list[MooncakeRequest]:
     requests: list[MooncakeRequest] = []
     for line, obj in read_jsonl(path, skips):
         try:
-            timestamp = require_int(obj, "timestamp", path, line)
-            input_length = require_int(obj, "input_length", path, line)
-            output_length = require_int(obj, "output_length", path, line)
+            timestamp = require_int(obj, "timestamp", path, line, maximum=MAX_TIMESTAMP_MS)
+            input_length = require_int(obj, "input_length", path, line, maximum=MAX_TOKENS)
+            output_length = require_int(obj, "output_length", path, line, maximum=MAX_TOKENS)
             hashes = obj.get("hash_ids")
             if not isinstance(hashes, list):
                 raise TraceError(path, line, "hash_ids", f"expected a list of integers, got {hashes!r}")

@@ -85,6 +85,9 @@ async def start_ops_broker(
         maxlen=config.journal.maxlen,
         fsync=config.journal.fsync,
         max_group=config.journal.max_group,
+        spool_dir=config.journal.spool_dir,
+        spool_max_bytes=config.journal.spool_max_bytes,
+        spool_full=config.journal.spool_full,
     )
     await journal.start()
     service = BrokerService(config, journal)
@@ -210,7 +213,11 @@ async def test_stopping_turns_every_status_not_serving_before_calls_drain() -> N
 
 
 async def test_redis_down_is_not_serving_until_the_backlog_drains(redis_server: RedisServer) -> None:
+    # No local spool (journal.spool_dir = ""): with nowhere to put records, the broker is
+    # NOT_SERVING as soon as Redis is unreachable. With a spool it is NOT_SERVING once the
+    # spool is full too (tests/broker/test_spool.py).
     config = small_config(journal_url=redis_server.url)
+    config = dataclasses.replace(config, journal=dataclasses.replace(config.journal, spool_dir=""))
     async with ops_broker(config, health_config=HealthConfig(poll_ms=50)) as broker:
         statuses: list[int] = []
 

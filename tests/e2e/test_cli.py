@@ -44,9 +44,12 @@ def test_policies_lists_every_policy_with_description_and_parameters() -> None:
     assert all(r["description"] and isinstance(r["params"], dict) for r in rows)
 
 
-def start_serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+SERVE_CONFIG = '[policy]\nname = "lru"\n[[tiers]]\nname = "hbm"\ncapacity = 1000\n[[tiers]]\nname = "dram"\ncapacity = 100000\n'
+
+
+def start_serve(tmp_path: Path, *extra: str, config_text: str = SERVE_CONFIG) -> tuple[subprocess.Popen[str], int]:
     config = tmp_path / "broker.toml"
-    config.write_text('[policy]\nname = "lru"\n[[tiers]]\nname = "hbm"\ncapacity = 1000\n[[tiers]]\nname = "dram"\ncapacity = 100000\n')
+    config.write_text(config_text)
     proc = subprocess.Popen(
         [str(KVBROKER), "serve", "--config", str(config), "--listen", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE,
