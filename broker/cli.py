@@ -372,6 +372,56 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
 
 
+def _int_list(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{flag}: expected positive integers, got {value!r}")
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from broker.bench import JOURNALS, BenchOptions
+    from broker.bench import main as bench_main
+
+    try:
+        batches = _int_list(args.batches, "--batches") if args.batches else None
+        streams = _int_list(args.streams, "--streams") if args.streams else None
+        memory_blocks = _int_list(args.memory_blocks, "--memory-blocks") if args.memory_blocks else None
+    except argparse.ArgumentTypeError as exc:
+        print(f"kvbroker bench: {exc}", file=sys.stderr)
+        return 2
+    for flag, value in (("--events", args.events), ("--seconds", args.seconds)):
+        if value is not None and value <= 0:
+            print(f"kvbroker bench: {flag}: must be > 0, got {value}", file=sys.stderr)
+            return 2
+    if args.window < 0:
+        print(f"kvbroker bench: --window: must be >= 0, got {args.window}", file=sys.stderr)
+        return 2
+    from policies import registry
+    from policies.base import PolicyError
+
+    try:
+        registry.policy_class(args.policy)
+    except PolicyError as exc:
+        print(f"kvbroker bench: --policy: {exc}", file=sys.stderr)
+        return 2
+    journals = tuple(j.strip() for j in args.journals.split(",") if j.strip()) if args.journals else None
+    if journals is not None and (not journals or set(journals) - set(JOURNALS)):
+        print(f"kvbroker bench: --journals: each one of {', '.join(JOURNALS)}, got {args.journals!r}", file=sys.stderr)
+        return 2
+    changes: dict[str, Any] = {"target": args.target, "policy": args.policy, "redis_url": args.redis, "window": args.window}
+    changes["seed"] = args.seed
+    optional = {"events": args.events, "seconds": args.seconds, "batches": batches, "streams": streams, "journals": journals}
+    changes.update((key, value) for key, value in optional.items() if value is not None)
+    opts = BenchOptions.quick(**changes) if args.quick else dataclasses.replace(BenchOptions(), **changes)
+    if memory_blocks is None and args.memory:
+        memory_blocks = (100_000,) if args.quick else (100_000, 1_000_000)
+    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or ())
+
+
 def _trace_options(args: argparse.Namespace) -> Any:
     from clients.traces import TraceOptions
 
@@ -479,6 +529,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--keep", metavar="DIR", help="keep the journal in DIR instead of a temporary directory")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="throughput, batch round trips, CPU and RSS of a real broker against an echo ceiling")
+    p.add_argument("--target", metavar="HOST:PORT", help="drive this running broker instead of starting one per configuration")
+    p.add_argument("--events", type=int, help="events per run, over all streams (default 400000; --quick 60000)")
+    p.add_argument("--seconds", type=float, help="longest sending time of one run (default 5; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="under a minute: batches 64,256, 4 streams, journals none,redis, 1 s runs")
+    p.add_argument("--json", action="store_true", help="one JSON record per line: per configuration, then per memory size")
+    p.add_argument("--batches", help="comma-separated batch sizes (default 1,64,256)")
+    p.add_argument("--streams", help="comma-separated stream counts, one load process each (default 1,4)")
+    p.add_argument("--journals", help="comma-separated: none, file, redis (default all three)")
+    p.add_argument("--policy", default="deadline_edf", help="policy of the brokers started (default deadline_edf)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis of the redis journal (a fresh stream, deleted after)")
+    p.add_argument("--window", type=int, default=0, help="batches in flight per stream (default 0: 2048/batch, within 4..64)")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument("--memory", action="store_true", help="also measure RSS per tracked block (100k and 1M blocks; --quick 100k)")
+    p.add_argument("--memory-blocks", help="block counts of the memory benchmark, e.g. 100000,1000000 (implies --memory)")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

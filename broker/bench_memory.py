@@ -1,0 +1,148 @@
+"""Memory per tracked block: the RSS a broker's core adds per allocated block.
+
+In a fresh process (so nothing else is on the heap), the core the broker runs is built with
+the policy, then N blocks are allocated through the broker's own path (``apply_batch`` on
+IntentBatches, in chunks that are dropped once applied): engine-like ids, one request per 16
+blocks, a quarter of the blocks with a deadline. The tiers hold every block, so no directive
+is outstanding (unacknowledged directives are bounded by ``max_outstanding_directives``, not
+by blocks). RSS (/proc/self/status VmRSS) is read after a garbage collection before and
+after; the difference over N is the figure.
+
+    python bench/memory.py                       # 100k and 1M blocks
+    kvbroker bench --memory --memory-blocks 100000,1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+BLOCK_BYTES = 2 * 2**20
+BLOCKS_PER_REQUEST = 16
+CHUNK = 2_000
+
+
+def _rss() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise ValueError("VmRSS not in /proc/self/status")
+
+
+def _child(blocks: int, policy: str) -> dict[str, Any]:
+    from broker.apply import apply_batch
+    from broker.config import CoreConfig, PolicyConfig, TierConfig
+    from broker.core import Core
+    from kvbroker.v1 import intent_pb2 as pb
+
+    capacity = 2 * blocks * BLOCK_BYTES  # every block fits the top tier: no pressure, no directives
+    config = CoreConfig(
+        tiers=(
+            TierConfig("hbm", capacity, 0.0, 2000.0),
+            TierConfig("dram", capacity, 2.0, 25.0),
+            TierConfig("nvme", capacity, 80.0, 6.0),
+        ),
+        policy=PolicyConfig(policy),
+    )
+    core = Core(config)
+
+    def batch(seq: int, start: int, stop: int) -> pb.IntentBatch:
+        events = []
+        for i in range(start, stop):
+            request, k = divmod(i, BLOCKS_PER_REQUEST)
+            rid = f"~{request:014x}~c0/r{request}"
+            intent = pb.MemoryIntent(
+                block_id=f"{rid}/b{k}",
+                request_id=rid,
+                phase=pb.PHASE_DECODE,
+                priority=pb.PRIORITY_HOT if i % 2 else pb.PRIORITY_WARM,
+                size_bytes=BLOCK_BYTES,
+                recompute_cost_us=800,
+                token_start=k * 16,
+                token_count=16,
+                parent_block_id=f"{rid}/b{k - 1}" if k else "",
+                request_priority=50,
+            )
+            if i % 4 == 0:
+                intent.deadline_us = 1_000_000 + i
+            events.append(pb.Event(ts_us=i, allocated=pb.BlockAllocated(intent=intent)))
+        return pb.IntentBatch(client_id="memory-bench", batch_seq=seq, events=events)
+
+    # Warm up the code paths (and their caches) on a few blocks, counted in the figure.
+    first = min(CHUNK, blocks)
+    outcome = apply_batch(core, batch(1, 0, first))
+    gc.collect()
+    before = _rss()
+    started = time.perf_counter()
+    seq, done, rejected = 2, first, len(outcome.rejections)
+    while done < blocks:
+        stop = min(done + CHUNK, blocks)
+        outcome = apply_batch(core, batch(seq, done, stop))
+        rejected += len(outcome.rejections)
+        core.take_directives()
+        seq, done = seq + 1, stop
+    seconds = time.perf_counter() - started
+    gc.collect()
+    after = _rss()
+    added = blocks - first
+    if rejected or len(core.blocks) != blocks:
+        raise RuntimeError(f"memory bench: {rejected} allocations rejected, {len(core.blocks)} blocks tracked of {blocks}")
+    return {
+        "kind": "memory",
+        "blocks": blocks,
+        "policy": policy,
+        "rss_before_bytes": before,
+        "rss_after_bytes": after,
+        "rss_bytes_per_block": round((after - before) / added, 1) if added else None,
+        "allocations_per_s": round(added / seconds, 1) if seconds > 0 else None,
+    }
+
+
+def measure_blocks(blocks: int, policy: str = "deadline_edf", timeout: float = 600.0) -> dict[str, Any]:
+    """The figure for ``blocks`` blocks, measured in a fresh process."""
+    if blocks <= CHUNK:
+        raise ValueError(f"blocks: need more than {CHUNK} (the warm-up), got {blocks}")
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.bench_memory", "--child", str(blocks), "--policy", policy],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"memory bench at {blocks} blocks failed: {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="RSS per tracked block of the broker's core")
+    parser.add_argument("--blocks", default="100000,1000000", help="comma-separated block counts (each in a fresh process)")
+    parser.add_argument("--policy", default="deadline_edf")
+    parser.add_argument("--json", action="store_true", help="one JSON record per block count")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.child, args.policy)))
+        return 0
+    for blocks in (int(b) for b in args.blocks.split(",") if b.strip()):
+        record = measure_blocks(blocks, args.policy)
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            print(
+                f"{blocks:>10,} blocks  {record['rss_bytes_per_block']:>8.1f} bytes of RSS per block  "
+                f"({record['policy']}, {record['allocations_per_s']:,.0f} allocations/s)",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
