@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +21,6 @@ from typing import Any
 
 import grpc
 import pytest
-import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -38,17 +35,11 @@ from broker.service import BrokerService
 from broker.telemetry import TelemetryConfig
 from clients.broker_client import BrokerClient
 from tests.conftest import small_config
+from tests.redis_server import RedisServer, free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 ROOT = Path(__file__).parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclasses.dataclass
@@ -126,53 +117,6 @@ async def wait_for(predicate: Callable[[], object], what: str, timeout: float = 
 
 
 # ---- a Redis server owned by the test -----------------------------------------------------------
-
-
-class RedisServer:
-    """``redis-server`` on a port of its own; stop and start it again on the same port."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (.ci/run installs it)"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
-                    assert time.monotonic() < deadline, "redis-server did not answer within 10s"
-                    time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
 
 @pytest.fixture

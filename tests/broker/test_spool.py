@@ -14,16 +14,12 @@ import contextlib
 import dataclasses
 import os
 import re
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
-import redis
 
 from broker.config import BrokerConfig, ConfigError, config_to_toml, parse_config
 from broker.health import JournalWatch
@@ -33,6 +29,7 @@ from broker.server import RunningBroker, start_broker
 from clients.broker_client import BrokerClient
 from kvbroker.v1 import intent_pb2 as pb
 from tests.conftest import small_config
+from tests.redis_server import RedisServer, free_port
 
 
 def rec(i: int, kind: RecordKind = RecordKind.BATCH, size: int = 20) -> JournalRecord:
@@ -357,61 +354,6 @@ def test_spool_config_keys_round_trip_and_are_validated() -> None:
 
 
 # ---- a real broker and a Redis server that goes away ------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class RedisServer:
-    """``redis-server`` on a free loopback port, no persistence while it runs; stopped by pid
-    (SIGTERM: it saves its data to ``directory`` on the way out) and started again on the
-    same port with that data, as a Redis with persistence comes back."""
-
-    def __init__(self, port: int, directory: Path) -> None:
-        self.port = port
-        self.directory = directory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        args += ["--dir", str(self.directory), "--shutdown-on-sigterm", "save", "--daemonize", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        try:
-            while True:
-                try:
-                    client.ping()
-                    return
-                except redis.ConnectionError:
-                    assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
-                    assert time.monotonic() < deadline, "redis-server did not answer within 10s"
-                    time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
 
 @pytest.fixture
