@@ -7,6 +7,7 @@ replays them through the same core the live broker runs, on one core.
     python bench/replay_speed.py                      # every policy, decode mode (~720k events)
     python bench/replay_speed.py --no-decode --policies lru,deadline_edf
     python bench/replay_speed.py --json
+    python bench/replay_speed.py --repeat 5             # median of 5 runs per policy (shared machines)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -32,6 +34,7 @@ def main() -> int:
     parser.add_argument("--policies", default="")
     parser.add_argument("--hbm-tokens", type=int, default=3_000_000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per policy; the median is reported")
     args = parser.parse_args()
     opts = TraceOptions(decode=not args.no_decode)
     started = time.perf_counter()
@@ -50,11 +53,15 @@ def main() -> int:
     if not args.json:
         print(f"{events:,} events in {len(batches):,} batches (import {imported:.1f}s, not counted)")
     for name in names:
-        result = replay(lambda: ((1, b) for b in batches), config, name)
-        rate = result.events / result.seconds
-        records.append({"policy": name, "events": result.events, "seconds": result.seconds, "events_per_s": rate})
+        runs = [replay(lambda: ((1, b) for b in batches), config, name) for _ in range(max(1, args.repeat))]
+        seconds = statistics.median(r.seconds for r in runs)
+        events = runs[0].events
+        rate = events / seconds
+        records.append({"policy": name, "events": events, "seconds": seconds, "events_per_s": rate, "runs": len(runs)})
         if not args.json:
-            print(f"{name:<20} {rate:>10,.0f} events/s  ({result.seconds:.1f}s)", flush=True)
+            rates = [events / r.seconds for r in runs]
+            spread = f", {min(rates):,.0f}..{max(rates):,.0f}" if len(runs) > 1 else ""
+            print(f"{name:<20} {rate:>10,.0f} events/s  ({seconds:.1f}s{spread})", flush=True)
     if args.json:
         print(json.dumps(records, indent=2))
     return 0

@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterable
 from broker.core import Core, Directive, EventError
 from broker.limits import count_block, tenant_counts, tenant_full
 from kvbroker.v1 import intent_pb2 as pb
-from policies.base import DROPPED, Block
+from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority
 
+_new_block = object.__new__
 _PHASES = frozenset(pb.Phase.values())
 _PRIORITIES = frozenset(pb.Priority.values())
 _ACK_DONE = pb.ACK_STATUS_DONE
@@ -81,19 +82,25 @@ def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
     rejections: list[Rejection] = []
     events_seen = core.stats.events
     clock = core.clock
+    handlers = _HANDLERS
     for index, event in enumerate(batch.events):
         clock.event_index += 1
         kind = event.WhichOneof("kind")
         try:
             if kind is None:
                 raise EventError("kind", "event has no kind set")
-            if event.ts_us < 0:
-                raise EventError("ts_us", f"must be >= 0, got {event.ts_us}")
-            if event.ts_us > core.clock.now_us:
-                # Time moved: blocks whose prefetch start time has come are promoted first.
-                core.advance(event.ts_us)
-                core.run_prefetch()
-            _HANDLERS[kind](core, event, client, tenant)
+            ts_us = event.ts_us
+            if ts_us < 0:
+                raise EventError("ts_us", f"must be >= 0, got {ts_us}")
+            if ts_us > clock.now_us:
+                # Time moved: blocks whose prefetch start time has come are promoted first
+                # (core.advance and core.run_prefetch, which has nothing to do unless the
+                # earliest prefetch start has come).
+                clock.now_us = ts_us
+                heap = core._prefetch_heap
+                if heap and heap[0][0] <= ts_us:
+                    core.run_prefetch()
+            handlers[kind](core, event, client, tenant)
             events_seen[kind] += 1
         except EventError as exc:
             field = exc.field if kind is None or exc.field.startswith(kind) or exc.field == "ts_us" else f"{kind}.{exc.field}"
@@ -113,64 +120,101 @@ def _non_negative(intent: pb.MemoryIntent, name: str) -> int | None:
 
 
 def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
-    """Validate a MemoryIntent and build the block it describes (not yet placed)."""
-    if not intent.block_id:
+    """Validate a MemoryIntent and build the block it describes (not yet placed).
+
+    Every field is read once (a protobuf field read costs as much as several plain
+    attribute reads); the checks run in a fixed order, so the first bad field is named."""
+    block_id = intent.block_id
+    if not block_id:
         raise EventError("allocated.intent.block_id", "required, a non-empty string")
-    if intent.size_bytes <= 0:
+    size = intent.size_bytes
+    if size <= 0:
         raise EventError("allocated.intent.size_bytes", "must be > 0")
-    if intent.phase not in _PHASES:
-        raise EventError("allocated.intent.phase", f"unknown enum value {intent.phase}")
-    if intent.priority not in _PRIORITIES:
-        raise EventError("allocated.intent.priority", f"unknown enum value {intent.priority}")
-    block = Block(intent.block_id, intent.size_bytes, request_id=intent.request_id, tenant=intent.tenant)
+    phase = intent.phase
+    if phase not in _PHASES:
+        raise EventError("allocated.intent.phase", f"unknown enum value {phase}")
+    priority = intent.priority
+    if priority not in _PRIORITIES:
+        raise EventError("allocated.intent.priority", f"unknown enum value {priority}")
+    has = intent.HasField
+    deadline = _non_negative(intent, "deadline_us") if has("deadline_us") else None
+    slack = _non_negative(intent, "slack_us") if has("slack_us") else None
+    recompute_cost = _non_negative(intent, "recompute_cost_us") if has("recompute_cost_us") else None
+    spill_cost = _non_negative(intent, "spill_cost_us") if has("spill_cost_us") else None
+    request_priority = DEFAULT_REQUEST_PRIORITY
+    if has("request_priority"):
+        request_priority = intent.request_priority
+        if request_priority > 100:
+            raise EventError("allocated.intent.request_priority", f"must be in 0..100, got {request_priority}")
+    # Block(block_id, size, ...) and then its fields, as one pass over its slots (every slot
+    # is set here, once: test_apply_build checks it against Block's own constructor).
+    block = _new_block(Block)
+    block.block_id = block_id
     block.owner = owner
-    deadline = _non_negative(intent, "deadline_us")
-    slack = _non_negative(intent, "slack_us")
-    block.critical = intent.priority == _DC
-    block.due_us = deadline
+    block.request_id = intent.request_id
+    block.tenant = intent.tenant
+    block.size = size
+    block.tier = DROPPED
+    block.pin_requested = intent.pin_requested
+    block.released = False
+    block.refs = 1
+    block.pinned = False
+    if core.ablate_intent:
+        block.priority = Priority.UNSPECIFIED
+        block.phase = Phase.UNSPECIFIED
+        block.deadline_us = None
+    else:
+        block.priority = priority
+        block.phase = phase
+        block.deadline_us = deadline
     # Slack stays visible in an ablation: what is stripped is phase, priority and deadline.
     block.slack_us = slack
-    if not core.ablate_intent:
-        block.phase = intent.phase
-        block.priority = intent.priority
-        block.deadline_us = deadline
-    block.recompute_cost_us = _non_negative(intent, "recompute_cost_us")
-    block.spill_cost_us = _non_negative(intent, "spill_cost_us")
-    if intent.HasField("request_priority"):
-        if intent.request_priority > 100:
-            raise EventError("allocated.intent.request_priority", f"must be in 0..100, got {intent.request_priority}")
-        block.request_priority = intent.request_priority
-    block.pin_requested = intent.pin_requested
+    block.recompute_cost_us = recompute_cost
+    block.spill_cost_us = spill_cost
+    block.request_priority = request_priority
     block.is_draft = intent.is_draft
     block.is_committed = intent.is_committed
-    if intent.HasField("expected_reuse_window_tokens"):
-        block.reuse_window = intent.expected_reuse_window_tokens
+    block.reuse_window = intent.expected_reuse_window_tokens if has("expected_reuse_window_tokens") else None
     block.recompute_ok = intent.recompute_ok
     block.compression_ok = intent.compression_ok
     block.prefetch_ok = intent.prefetch_ok
     block.parent_id = intent.parent_block_id
+    block.children = 0
+    block.reuses = 0
+    block.critical = priority == _DC
+    block.due_us = deadline
+    block.allowed_mask = 0
+    block.created_us = 0
+    block.last_access_us = 0
+    block.accesses = 0
     block.layer = intent.layer
     block.head_group = intent.head_group
     block.token_start = intent.token_start
     block.token_count = intent.token_count
-    mask = 0
-    for i, name in enumerate(intent.allowed_tiers):
-        mask |= 1 << core.resolve_tier(name, f"allocated.intent.allowed_tiers[{i}]")
-    block.allowed_mask = mask
+    block.heap_version = 0
+    block.ready_us = 0
+    allowed = intent.allowed_tiers
+    if allowed:
+        mask = 0
+        for i, name in enumerate(allowed):
+            mask |= 1 << core.resolve_tier(name, f"allocated.intent.allowed_tiers[{i}]")
+        block.allowed_mask = mask
     return block
 
 
 def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     alloc = event.allocated
-    if tenant and alloc.intent.tenant and alloc.intent.tenant != tenant:
+    intent = alloc.intent
+    if tenant and intent.tenant and intent.tenant != tenant:
         raise EventError("allocated.intent.tenant", "must be empty or the stream's tenant", "PERMISSION_DENIED")
-    block = block_from_intent(core, alloc.intent, client)
+    block = block_from_intent(core, intent, client)
     if tenant:
         block.tenant = tenant
     existing = core.blocks.get(block.block_id)
     if tenant and existing is not None and existing.tenant != tenant:
         raise EventError("allocated.intent.block_id", OTHER_TENANT, "PERMISSION_DENIED")
-    t = core.resolve_tier(alloc.tier, "allocated.tier", empty=0)
+    tier_name = alloc.tier
+    t = core.resolve_tier(tier_name, "allocated.tier", empty=0) if tier_name else 0
     counts = tenant_counts(core)
     if counts is None:
         core.allocate(block, t, reuse=alloc.reuse)
@@ -191,7 +235,7 @@ def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
 
 def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
     blocks = core.blocks
-    found = [blocks.get(block_id) for block_id in ids]
+    found = list(map(blocks.get, ids))
     if found and None not in found:
         return found  # type: ignore[return-value]
     # Slow path, to name the first bad id.
@@ -224,7 +268,8 @@ def _accessed(core: Core, event: pb.Event, client: str, tenant: str) -> None:
         next_use = accessed.next_use_us
         if next_use < 0:
             raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
-    core.access(_own(_blocks(core, accessed.block_ids, "accessed.block_ids"), tenant, "accessed.block_ids"), next_use)
+    blocks = _blocks(core, accessed.block_ids, "accessed.block_ids")
+    core.access(_own(blocks, tenant, "accessed.block_ids") if tenant else blocks, next_use)
 
 
 def _intent_updated(core: Core, event: pb.Event, client: str, tenant: str) -> None:

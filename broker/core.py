@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
 
 from broker.config import QUANT, ConfigError, CoreConfig
 from broker.stats import CoreStats
-from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, TierInfo, wants_pin
+from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, Priority, TierInfo, wants_pin
 from policies.registry import make_params, policy_class
+
+_DECODE_CRITICAL = int(Priority.DECODE_CRITICAL)
 
 
 class DirectiveKind(IntEnum):
@@ -30,6 +33,9 @@ class DirectiveKind(IntEnum):
     DEMOTE = 2
     PROMOTE = 3
     PREFETCH = 4
+
+
+_KIND_NAMES = {kind: kind.name.lower() for kind in DirectiveKind}
 
 
 class EventError(Exception):
@@ -116,8 +122,10 @@ class Core:
         self.by_request: dict[str, set[str]] = {}
         self.client_seq: dict[str, int] = {}
         self.stats = CoreStats(len(self.tiers))
-        # Directives decided but not yet acknowledged: id -> block id.
-        self.outstanding: dict[int, str] = {}
+        # Directives decided but not yet acknowledged: id -> block id, oldest first. An
+        # OrderedDict: dropping the oldest of a plain dict (next(iter(d))) walks every slot
+        # deleted before it, O(n) per directive once the limit is reached.
+        self.outstanding: OrderedDict[int, str] = OrderedDict()
         self._next_directive = 1
         self._out: list[Directive] = []
         # Prefetch: (latest start time, tiebreak, version, block id); stale entries skipped.
@@ -156,6 +164,7 @@ class Core:
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
         self._proposing = type(top).after_access is not Policy.after_access
+        self._access_many = type(top).access_many is not Policy.access_many
         self._drop_hook = [type(t.policy).prefer_drop is not Policy.prefer_drop for t in self.tiers]
         # A deadline change needs the general update path only if some policy reorders on
         # updates or prefetch watches deadlines.
@@ -219,13 +228,14 @@ class Core:
     def _emit(self, kind: DirectiveKind, block: Block, src: int, dst: int, score: float, reason: str, arrive_by: int = 0) -> None:
         did = self._next_directive
         self._next_directive += 1
+        tiers = self.tiers
         self._out.append(
             Directive(
                 did,
                 kind,
                 block.block_id,
-                self.tiers[src].name if src >= 0 else "",
-                self.tiers[dst].name if dst >= 0 else "",
+                tiers[src].name if src >= 0 else "",
+                tiers[dst].name if dst >= 0 else "",
                 self.policy_name,
                 score,
                 reason,
@@ -234,11 +244,11 @@ class Core:
                 self.generation,
             )
         )
-        self.stats.directives[kind.name.lower()] += 1
+        self.stats.directives[_KIND_NAMES[kind]] += 1
         outstanding = self.outstanding
         outstanding[did] = block.block_id
         if len(outstanding) > self.config.max_outstanding_directives:
-            del outstanding[next(iter(outstanding))]
+            outstanding.popitem(last=False)
 
     # ---- tier membership -----------------------------------------------------------------
 
@@ -314,11 +324,14 @@ class Core:
         score = policy.score(victim)
         drop = self._drop_hook[t] and policy.prefer_drop(victim)
         self._detach(victim, as_victim=True)
+        mask = victim.allowed_mask
         for d in range(t + 1, 0 if drop else len(self.tiers)):
-            if victim.allowed_in(d) and self._make_room(d, victim.size, protected):
+            # victim.allowed_in(d), inlined.
+            if (not mask or mask >> d & 1) and self._make_room(d, victim.size, protected):
                 self._attach(victim, d)
-                self.stats.demotions += 1
-                self.stats.bytes_down += victim.size
+                stats = self.stats
+                stats.demotions += 1
+                stats.bytes_down += victim.size
                 self._emit(DirectiveKind.DEMOTE, victim, t, d, score, "over high watermark")
                 return
         self.stats.evictions += 1
@@ -451,49 +464,87 @@ class Core:
         ``next_use_us``, when given, is their new deadline (the next step's time)."""
         stats = self.stats
         now = self.clock.now_us
-        by_tier = stats.accesses_by_tier
-        hist = stats.latency_hist
-        top_access = self.tiers[0].policy.access
+        top = self.tiers[0].policy
+        # A policy with its own access_many gets the step's hits in one call (in order, and
+        # before any general-path read of this step, so it sees the same sequence).
+        hot: list[Block] = []
+        top_access = hot.append if self._access_many else top.access
         protected: set[str] | None = None
-        for block in blocks:
-            if block.tier or block.allowed_mask:
-                # Not a plain top-tier hit: the general path (it may move blocks, so the
-                # whole event's blocks are protected from being pushed out by it).
-                if protected is None:
-                    protected = {b.block_id for b in blocks}
-                self._touch(block, protected)
-                continue
-            # The hot path, a hit in the top tier: the same accounting as _touch, inlined.
-            block.accesses += 1
-            block.last_access_us = now
-            by_tier[0] += 1
-            latency = block.ready_us - now if block.ready_us > now else 0
-            if block.critical:
-                stats.dc_accesses += 1
-                if latency:
-                    stats.dc_misses += 1  # in the top tier, but its copy is still in flight
-            if not block.pinned:
-                top_access(block)
-            if latency:
-                stats.record_latency(latency)
-            else:
-                hist[0] += 1
-            due = block.due_us
-            if due is not None:
-                stats.deadline_accesses += 1
-                if now + latency > (due if due > now else now) + (block.slack_us or 0):
-                    stats.deadline_misses += 1
+        # The hot path's counters, added to stats once per event (plain sums: nothing reads
+        # them in between).
+        hits = zero = dc_accesses = dc_misses = dl_accesses = dl_misses = 0
+        try:
+            for block in blocks:
+                if block.tier or block.allowed_mask:
+                    # Not a plain top-tier hit: the general path (it may move blocks, so the
+                    # whole event's blocks are protected from being pushed out by it).
+                    if hot:
+                        top.access_many(hot)
+                        hot.clear()
+                    if protected is None:
+                        protected = {b.block_id for b in blocks}
+                    self._touch(block, protected)
+                    continue
+                # The hot path, a hit in the top tier: the same accounting as _touch, inlined.
+                block.accesses += 1
+                block.last_access_us = now
+                hits += 1
+                if not block.pinned:
+                    top_access(block)
+                ready = block.ready_us
+                if ready > now:
+                    latency = ready - now
+                    if block.critical:
+                        dc_accesses += 1
+                        dc_misses += 1  # in the top tier, but its copy is still in flight
+                    stats.record_latency(latency)
+                else:
+                    latency = 0
+                    zero += 1
+                    if block.critical:
+                        dc_accesses += 1
+                due = block.due_us
+                if due is not None:
+                    dl_accesses += 1
+                    if now + latency > (due if due > now else now) + (block.slack_us or 0):
+                        dl_misses += 1
+            if hot:
+                top.access_many(hot)
+        finally:
+            stats.accesses_by_tier[0] += hits
+            stats.latency_hist[0] += zero
+            stats.dc_accesses += dc_accesses
+            stats.dc_misses += dc_misses
+            stats.deadline_accesses += dl_accesses
+            stats.deadline_misses += dl_misses
         if next_use_us is not None:
+            ablate = self.ablate_intent
             if self._plain_deadlines:
                 # Nothing orders by deadline: set it without the general update path.
-                ablate = self.ablate_intent
                 for block in blocks:
                     block.due_us = next_use_us
                     if not ablate:
                         block.deadline_us = next_use_us
             else:
+                # self.update(block, _set_deadline(next_use_us, ablate)) for each block,
+                # written out (a decode step re-deadlines every block of its request).
+                tiers = self.tiers
+                prefetching = self._prefetching
                 for block in blocks:
-                    self.update(block, _set_deadline(next_use_us, self.ablate_intent))
+                    was_pinned = block.pinned
+                    old_deadline = block.deadline_us
+                    block.due_us = next_use_us
+                    if not ablate:
+                        block.deadline_us = next_use_us
+                    # wants_pin(block), inlined: a deadline never changes it, but an ack or
+                    # an earlier block of this event may have.
+                    now_pinned = False if block.released else (block.pin_requested or block.priority == _DECODE_CRITICAL)
+                    if now_pinned != was_pinned:
+                        self._repin(block, was_pinned)
+                    elif block.tier != DROPPED and not block.pinned:
+                        tiers[block.tier].policy.update(block)
+                    if prefetching and block.deadline_us != old_deadline and block.deadline_us is not None and block.tier > 0:
+                        self._push_prefetch(block)
         if self._proposing:
             top = self.tiers[0].policy
             if protected is None:

@@ -9,7 +9,8 @@ Contract, as the core calls it:
 
 - ``insert(block)``: the block became resident and evictable in this tier (allocated here,
   demoted or promoted here, or unpinned while here). Never called for a pinned block.
-- ``access(block)``: an evictable block of this tier was read.
+- ``access(block)``: an evictable block of this tier was read. ``access_many(blocks)``:
+  the same for each block in order (optional, a faster loop).
 - ``update(block)``: the block's intent (phase, priority, deadline, ...) changed.
 - ``remove(block)``: the block left without being chosen (freed, pinned, moved by an access
   or an ack). Removing a block the policy does not hold raises ``PolicyError``.
@@ -271,6 +272,14 @@ class Policy(ABC):
 
     @abstractmethod
     def access(self, block: Block) -> None: ...
+
+    def access_many(self, blocks: list[Block]) -> None:
+        """``access`` for each block in turn: what one decode step reads. A policy may
+        override it with a faster loop of exactly that effect; the core then gives it a
+        step's plain top-tier hits at once (their accesses already counted), else calls
+        ``access`` per block."""
+        for block in blocks:
+            self.access(block)
 
     def update(self, block: Block) -> None:
         """Intent changed; policies that ignore intent keep their order."""

@@ -7,12 +7,12 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, ClassVar
 
 from sortedcontainers import SortedList
 
 from policies.base import Block, Policy, PolicyContext, take_until
-from policies.priority_lru import PriorityLRUPolicy
+from policies.priority_lru import _CLASS_RANK, PriorityLRUPolicy
 
 # Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
 # priority order); NEAR blocks are protected.
@@ -78,6 +78,21 @@ class DeadlineEDFPolicy(Policy):
       ``_near``      NEAR blocks by (L, -stamp, id); victims are taken from its end.
       ``_near_by_d`` NEAR blocks by (D, stamp, id): those to become STALE next are a prefix.
 
+    Lazy filing: ``insert``, ``access`` and ``update`` only take the block out of the lists
+    (and give it its new recency stamp) and park it in ``_pending``; when something reads the
+    lists (``choose_victims``, ``is_near``, ``admit_prefetch``, ``score``), every parked
+    block is keyed from its fields at that moment and filed. A decode step reads and
+    re-deadlines every block of its request, and between two reads a block is often touched
+    many times: it now costs one keying and one removal and insertion per list, not four
+    of each per step. Equal to filing at once (``lazy = False``, the reference a test runs
+    it against) because: the lists are sorted on total keys (block id last), so they hold
+    the same order whenever they are read; a block's state computed at a later time equals
+    its state at its event carried forward by ``_sync`` (both transitions depend only on
+    its own D, L and ``now``); and the fields the keys read (priority, request priority,
+    deadline, size, recompute cost) change only by intent updates, shares and reuses, each
+    followed by ``update``, ``access``, ``insert`` or ``remove`` of the block before any
+    read that could choose it (a reuse's own cascade runs with the block protected).
+
     Why no rescan is ever needed as time advances: keys are absolute times (L, D) and do not
     change with ``now``; only the two boundaries move, and only forward (event time never
     goes back). ``now >= L - guard`` is a prefix of ``_far``, ``now - D > stale_after`` a
@@ -115,6 +130,9 @@ class DeadlineEDFPolicy(Policy):
     name = "deadline_edf"
     description = "keeps blocks that could not be reloaded before their deadline; the rest by class, request priority, LRU"
     Params = DeadlineEDFParams
+    # Lazy filing (see the class docstring); False files every block at its own event, the
+    # reference the lazy path is tested against.
+    lazy: ClassVar[bool] = True
 
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
@@ -123,9 +141,14 @@ class DeadlineEDFPolicy(Policy):
         self._far = SortedList()
         self._near = SortedList()
         self._near_by_d = SortedList()
+        # Held blocks keyed at their last event but not in the lists yet (see "Lazy filing").
+        self._pending: dict[str, _Held] = {}
         self._stamps = itertools.count()
         self._synced_at = -1
         index = ctx.tier.index
+        self._clock = ctx.clock
+        self._guard = self.params.guard_us
+        self._stale_after = self.params.stale_after_us
         self._next_tier = ctx.tiers[index + 1] if index + 1 < len(ctx.tiers) else None
 
     # ---- costs ---------------------------------------------------------------------------
@@ -168,25 +191,44 @@ class DeadlineEDFPolicy(Policy):
     def _key(self, held: _Held) -> None:
         """Compute the block's keys and state from its fields now (step 1)."""
         block = held.block
-        rank, request_priority = PriorityLRUPolicy.key(block)
-        held.free_key = (rank, request_priority, held.stamp, block.block_id)
-        latest_start = self.latest_start(block)
-        if latest_start is None or block.deadline_us is None:
+        held.free_key = (_CLASS_RANK.get(block.priority, 1), block.request_priority, held.stamp, block.block_id)
+        deadline = block.deadline_us
+        if deadline is None:
             held.state = UNDATED
+            return
+        # latest_start(block) and _state, written out: this runs for every read of every block.
+        nxt = self._next_tier
+        if nxt is None:
+            cost = block.recompute_cost_us
+            latest_start = deadline - float(self.params.default_recompute_us if cost is None else cost)
         else:
-            held.deadline, held.latest_start = block.deadline_us, latest_start
-            held.state = self._state(block.deadline_us, latest_start, self.ctx.clock.now_us)
+            latest_start = deadline - (nxt.read_latency_us + block.size / nxt.bandwidth_bytes_per_us)
+        held.deadline, held.latest_start = deadline, latest_start
+        now = self._clock.now_us
+        if now - deadline > self._stale_after:
+            held.state = STALE
+        elif now >= latest_start - self._guard:
+            held.state = NEAR
+        else:
+            held.state = FAR
 
-    def _file(self, held: _Held) -> None:
-        """Key the block now and add it to the lists of its state."""
-        self._key(held)
-        block = held.block
-        if held.state == NEAR:
-            self._add_near(held)
-        else:
-            self._free.add(held.free_key)
-            if held.state == FAR:
-                self._far.add((held.latest_start, held.stamp, block.block_id))
+    def _flush(self) -> None:
+        """Key every parked block from its fields now and file it (see "Lazy filing")."""
+        pending = self._pending
+        if not pending:
+            return
+        key = self._key
+        free, far = self._free, self._far
+        for block_id, held in pending.items():
+            key(held)
+            state = held.state
+            if state == NEAR:
+                self._add_near(held)
+            else:
+                free.add(held.free_key)
+                if state == FAR:
+                    far.add((held.latest_start, held.stamp, block_id))
+        pending.clear()
 
     def _unfile(self, held: _Held) -> None:
         block_id = held.block.block_id
@@ -234,27 +276,65 @@ class DeadlineEDFPolicy(Policy):
     # ---- the interface -------------------------------------------------------------------
 
     def insert(self, block: Block) -> None:
-        self._sync()
+        if self._clock.now_us != self._synced_at:
+            self._sync()
         held = _Held(block, next(self._stamps))
         self._held[block.block_id] = held
-        self._file(held)
+        self._pending[block.block_id] = held
+        if not self.lazy:
+            self._flush()
 
     def access(self, block: Block) -> None:
-        self._sync()
-        held = self._get(block)
-        self._unfile(held)
+        if self._clock.now_us != self._synced_at:
+            self._sync()
+        block_id = block.block_id
+        held = self._held.get(block_id)
+        if held is None:
+            raise self._unknown(block)
+        pending = self._pending
+        if block_id not in pending:
+            self._unfile(held)
+            pending[block_id] = held
         held.stamp = next(self._stamps)
-        self._file(held)
+        if not self.lazy:
+            self._flush()
+
+    def access_many(self, blocks: list[Block]) -> None:
+        if not self.lazy:
+            super().access_many(blocks)
+            return
+        if self._clock.now_us != self._synced_at:
+            self._sync()
+        held_of, pending, stamps = self._held, self._pending, self._stamps
+        for block in blocks:
+            block_id = block.block_id
+            held = held_of.get(block_id)
+            if held is None:
+                raise self._unknown(block)
+            if block_id not in pending:
+                self._unfile(held)
+                pending[block_id] = held
+            held.stamp = next(stamps)
 
     def update(self, block: Block) -> None:
-        self._sync()
-        held = self._get(block)
-        self._unfile(held)
-        self._file(held)
+        if self._clock.now_us != self._synced_at:
+            self._sync()
+        block_id = block.block_id
+        held = self._held.get(block_id)
+        if held is None:
+            raise self._unknown(block)
+        pending = self._pending
+        if block_id not in pending:
+            self._unfile(held)
+            pending[block_id] = held
+        if not self.lazy:
+            self._flush()
 
     def remove(self, block: Block) -> None:
         self._sync()
-        self._unfile(self._get(block))
+        held = self._get(block)
+        if self._pending.pop(block.block_id, None) is None:
+            self._unfile(held)
         del self._held[block.block_id]
 
     def _coldest_first(self) -> Iterator[Block]:
@@ -266,16 +346,19 @@ class DeadlineEDFPolicy(Policy):
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
         self._sync()
+        self._flush()
         return take_until(self._coldest_first(), bytes_needed, protected)
 
     def is_near(self, block: Block) -> bool:
         """Whether the block is held and protected by its deadline now."""
         self._sync()
+        self._flush()
         held = self._held.get(block.block_id)
         return held is not None and held.state == NEAR
 
     def admit_prefetch(self, candidate: Block, victims: list[Block]) -> bool:
         self._sync()
+        self._flush()
         now = self.ctx.clock.now_us
         deadline = candidate.deadline_us
         if deadline is None or deadline < now:

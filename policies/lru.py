@@ -29,6 +29,11 @@ class LRUPolicy(Policy):
     def access(self, block: Block) -> None:
         self._order.move_to_end(block.block_id)
 
+    def access_many(self, blocks: list[Block]) -> None:
+        move_to_end = self._order.move_to_end
+        for block in blocks:
+            move_to_end(block.block_id)
+
     def remove(self, block: Block) -> None:
         if self._order.pop(block.block_id, None) is None:
             raise self._unknown(block)

@@ -1,0 +1,160 @@
+"""deadline_edf's lazy filing decides exactly as filing every block at its own event.
+
+The lazy path (the default) parks re-keyed blocks until the policy's lists are read; the
+eager path (``lazy = False``) is its reference. Random streams of every event kind, with
+deadlines, intent updates, pins, shared and reused blocks, failed acks and clock jumps, go
+through the real core (``apply_batch``) under both; the directives, the stats and the
+policies' answers must be identical.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from broker.apply import apply_batch
+from broker.config import parse_config
+from broker.core import Core
+from kvbroker.v1 import intent_pb2 as pb
+from policies.deadline_edf import DeadlineEDFPolicy
+
+CONFIG = """
+[policy]
+name = "deadline_edf"
+[prefetch]
+margin_us = 300
+[[tiers]]
+name = "hbm"
+capacity = 6000
+read_latency_us = 0.0
+bandwidth_gb_per_s = 0.0005
+[[tiers]]
+name = "dram"
+capacity = 9000
+read_latency_us = 2.0
+bandwidth_gb_per_s = 0.00005
+[[tiers]]
+name = "nvme"
+capacity = 40000
+read_latency_us = 40.0
+bandwidth_gb_per_s = 0.00001
+"""
+
+TIERS = ("", "hbm", "dram", "nvme")
+
+
+def random_stream(seed: int, batches: int = 120) -> list[pb.IntentBatch]:
+    rng = random.Random(seed)
+    now = 0
+    live: list[str] = []
+    released: list[str] = []
+    next_id = 0
+    directive_ids = list(range(1, 400))
+    out = []
+    for seq in range(1, batches + 1):
+        events = []
+        for _ in range(rng.randint(1, 12)):
+            now += rng.choice((0, 0, 1, 5, 50, 400, 3000, 20000))
+            roll = rng.random()
+            if roll < 0.28 or not live:
+                if released and rng.random() < 0.4:
+                    block_id = rng.choice(released)  # prefix reuse of a cached block
+                    released.remove(block_id)
+                else:
+                    next_id += 1
+                    block_id = f"b{next_id}"
+                intent = pb.MemoryIntent(
+                    block_id=block_id,
+                    request_id=f"r{rng.randint(0, 5)}",
+                    size_bytes=rng.choice((100, 200, 300, 500)),
+                    priority=rng.choice((0, 1, 2, 3, 3, 4)),  # type: ignore[arg-type]
+                    phase=rng.choice((1, 2)),  # type: ignore[arg-type]
+                    parent_block_id=rng.choice(live) if live and rng.random() < 0.5 else "",
+                    pin_requested=rng.random() < 0.05,
+                )
+                if rng.random() < 0.6:
+                    intent.deadline_us = now + rng.choice((0, 100, 1000, 5000, 30000))
+                if rng.random() < 0.3:
+                    intent.recompute_cost_us = rng.choice((0, 10, 500, 50000))
+                if rng.random() < 0.3:
+                    intent.request_priority = rng.randint(0, 100)
+                if rng.random() < 0.15:
+                    intent.allowed_tiers.extend(sorted(rng.sample(TIERS[1:], rng.randint(1, 2))))
+                shared = block_id in live and rng.random() < 0.5
+                events.append(pb.Event(ts_us=now, allocated=pb.BlockAllocated(intent=intent, tier=rng.choice(TIERS), reuse=shared)))
+                if block_id not in live:
+                    live.append(block_id)
+            elif roll < 0.6:
+                ids = rng.sample(live, min(len(live), rng.randint(1, 8)))
+                accessed = pb.BlocksAccessed(block_ids=ids)
+                if rng.random() < 0.7:
+                    accessed.next_use_us = now + rng.choice((0, 200, 1000, 20000))
+                events.append(pb.Event(ts_us=now, accessed=accessed))
+            elif roll < 0.75:
+                upd = pb.IntentUpdated(block_id=rng.choice(live))
+                if rng.random() < 0.5:
+                    upd.priority = rng.choice((1, 2, 3, 4))  # type: ignore[assignment]
+                if rng.random() < 0.5:
+                    upd.deadline_us = now + rng.choice((0, 300, 4000, 40000))
+                elif rng.random() < 0.2:
+                    upd.clear_deadline = True
+                if rng.random() < 0.3:
+                    upd.recompute_cost_us = rng.choice((0, 100, 90000))
+                if rng.random() < 0.2:
+                    upd.request_priority = rng.randint(0, 100)
+                if rng.random() < 0.1:
+                    upd.pin_requested = rng.random() < 0.5
+                events.append(pb.Event(ts_us=now, intent_updated=upd))
+            elif roll < 0.85:
+                ids = rng.sample(live, min(len(live), rng.randint(1, 4)))
+                events.append(pb.Event(ts_us=now, released=pb.BlocksReleased(block_ids=ids)))
+                released.extend(b for b in ids if b not in released)
+            elif roll < 0.93:
+                ids = rng.sample(live, min(len(live), rng.randint(1, 3)))
+                events.append(pb.Event(ts_us=now, freed=pb.BlocksFreed(block_ids=ids)))
+                for b in ids:
+                    live.remove(b)
+                    if b in released:
+                        released.remove(b)
+            else:
+                did = rng.choice(directive_ids)
+                failed = rng.random() < 0.5
+                status = pb.ACK_STATUS_FAILED if failed else pb.ACK_STATUS_DONE
+                events.append(pb.Event(ts_us=now, acked=pb.DirectiveAcked(directive_id=did, status=status, actual_tier=rng.choice(TIERS))))
+        out.append(pb.IntentBatch(client_id="c", batch_seq=seq, events=events))
+    return out
+
+
+def run(
+    batches: list[pb.IntentBatch], lazy: bool, monkeypatch: pytest.MonkeyPatch, *, ablate: bool = False
+) -> tuple[list[object], dict[str, object], list[object]]:
+    monkeypatch.setattr(DeadlineEDFPolicy, "lazy", lazy)
+    core = Core(parse_config(CONFIG).core, ablate_intent=ablate)
+    directives: list[object] = []
+    answers: list[object] = []
+    for i, batch in enumerate(batches):
+        outcome = apply_batch(core, batch)
+        directives.extend(d.key() for d in outcome.directives)
+        directives.extend((r.index, r.field, r.reason) for r in outcome.rejections)
+        if i % 7 == 6:
+            # What a reader of the policies sees now: every held block, coldest first, and
+            # which are protected (reads file the parked blocks, so only now and then).
+            for tier in core.tiers:
+                policy = tier.policy
+                assert isinstance(policy, DeadlineEDFPolicy)
+                held = [b for b in core.blocks.values() if b.tier == tier.index and not b.pinned]
+                order = policy.choose_victims(sum(b.size for b in held), frozenset())
+                answers.append([b.block_id for b in order or []])
+                answers.append(sorted(b.block_id for b in held if policy.is_near(b)))
+    return directives, core.stats.as_dict([t.name for t in core.tiers]), answers
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lazy_filing_decides_as_eager_filing_on_random_streams(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = random_stream(seed)
+    ablate = seed % 5 == 4  # an intent ablation hides deadlines from the policy
+    eager = run(batches, False, monkeypatch, ablate=ablate)
+    lazy = run(batches, True, monkeypatch, ablate=ablate)
+    assert len(eager[0]) > 0
+    assert lazy == eager
