@@ -118,6 +118,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         "journal_pending": stats.journal_pending,
         "journal_written": stats.journal_written,
         "journal_errors": stats.journal_errors,
+        "journal_spool_records": stats.journal_spool_records,
+        "journal_spool_bytes": stats.journal_spool_bytes,
+        "journal_dropped": stats.journal_dropped,
         "clients": stats.clients,
     }
     if args.json:
@@ -132,7 +135,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"batches {record['batches']} (duplicates {record['duplicate_batches']}), rejected events {record['rejected_events']}")
     print(
         f"journal {record['journal']}: written {record['journal_written']}, "
-        f"pending {record['journal_pending']}, errors {record['journal_errors']}"
+        f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
+        f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
     )
     return 0
 

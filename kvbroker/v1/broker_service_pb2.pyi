@@ -195,7 +195,7 @@ class ArmStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., policy: _Optional[str] = ..., role: _Optional[str] = ..., accesses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., mean_latency_us: _Optional[float] = ..., p99_latency_us: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., prefetches: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., deadline_misses: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms")
+    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms", "journal_spool_records", "journal_spool_bytes", "journal_dropped")
     class EventsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,9 @@ class GetStatsResponse(_message.Message):
     JOURNAL_FIELD_NUMBER: _ClassVar[int]
     CLIENTS_FIELD_NUMBER: _ClassVar[int]
     ARMS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_SPOOL_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_DROPPED_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     policy: str
     config_generation: int
@@ -253,4 +256,7 @@ class GetStatsResponse(_message.Message):
     journal: str
     clients: int
     arms: _containers.RepeatedCompositeFieldContainer[ArmStats]
-    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmStats, _Mapping]]] = ...) -> None: ...
+    journal_spool_records: int
+    journal_spool_bytes: int
+    journal_dropped: int
+    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmStats, _Mapping]]] = ..., journal_spool_records: _Optional[int] = ..., journal_spool_bytes: _Optional[int] = ..., journal_dropped: _Optional[int] = ...) -> None: ...

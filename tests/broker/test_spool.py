@@ -530,6 +530,10 @@ async def test_a_full_spool_with_drop_answers_every_batch_and_counts_the_dropped
             assert journal.dropped > 0 and journal.saturated
             await wait_for(lambda: broker.health is not None and not broker.health.serving, "NOT_SERVING")
             dropped = journal.dropped
+            # Operators see it in GetStats (kvbroker status): a full spool and the records dropped.
+            stats = broker.service.stats()
+            assert stats.journal_dropped == dropped and stats.journal_spool_records > 0
+            assert 0 < stats.journal_spool_bytes <= 2048
             redis_server.start()
             await wait_for(lambda: journal.spool_records == 0 and not journal.unreachable, "drained")
             last_seq = client.batch_seq

@@ -103,7 +103,7 @@ def test_bench_quick_json_counts_every_event_in_each_journal() -> None:
         "bench",
         "--quick",
         "--events",
-        "3000",
+        "20000",
         "--seconds",
         "0.5",
         "--batches",
@@ -122,7 +122,7 @@ def test_bench_quick_json_counts_every_event_in_each_journal() -> None:
     for record in records:
         check_record(record)
         assert record["policy"] == "deadline_edf" and record["target"] == "spawned"
-        assert record["events"] <= 3000
+        assert record["events"] <= 20000
         # Measured from /proc of the broker process the bench started.
         assert record["cpu_us_per_event"] > 0 and record["peak_rss_bytes"] > 10 * 2**20
         assert record["echo_cpu_us_per_event"] > 0
