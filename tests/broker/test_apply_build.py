@@ -105,3 +105,23 @@ def test_block_from_intent_names_the_first_bad_field() -> None:
     with pytest.raises(EventError) as info:
         block_from_intent(core, bad, "o")
     assert info.value.field == "allocated.intent.request_priority"
+
+
+def test_blocks_share_their_request_id_and_parent_id_strings() -> None:
+    """A million blocks must not carry a million copies of the same names: every block of a
+    request holds one request_id string, and a chained block holds its parent's own id."""
+    core = Core(small_config().core)
+    # Built at run time, so each intent's fields are separate string objects to begin with.
+    rid = "".join(["request-", "42"])
+    first = block_from_intent(core, pb.MemoryIntent(block_id="p" * 40, size_bytes=10, request_id=rid), "e")
+    core.blocks[first.block_id] = first
+    parent_copy = "".join(["p" * 20, "p" * 20])
+    second = block_from_intent(
+        core, pb.MemoryIntent(block_id="c1", size_bytes=10, request_id="".join(["request-", "42"]), parent_block_id=parent_copy), "e"
+    )
+    assert second.request_id == first.request_id == rid
+    assert second.request_id is first.request_id
+    assert second.parent_id == first.block_id and second.parent_id is first.block_id
+    # A parent the broker does not hold keeps the name as given.
+    orphan = block_from_intent(core, pb.MemoryIntent(block_id="c2", size_bytes=10, parent_block_id="gone"), "e")
+    assert orphan.parent_id == "gone" and orphan.request_id == ""
