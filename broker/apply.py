@@ -94,14 +94,8 @@ def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
             ts_us = event.ts_us
             if ts_us < 0:
                 raise EventError("ts_us", f"must be >= 0, got {ts_us}")
-            if ts_us > clock.now_us:
-                # Time moved: blocks whose prefetch start time has come are promoted first
-                # (core.advance and core.run_prefetch, which has nothing to do unless the
-                # earliest prefetch start has come).
-                clock.now_us = ts_us
-                heap = core._prefetch_heap
-                if heap and heap[0][0] <= ts_us:
-                    core.run_prefetch()
+            if ts_us > clock.now_us:  # (advance checks it too; most events share a time)
+                core.advance(ts_us)
             handlers[kind](core, event, client, tenant)
             events_seen[kind] += 1
         except EventError as exc:
@@ -358,10 +352,9 @@ def _uncount(counts: dict[str, int], blocks: list[Block]) -> None:
 def _cleared(core: Core, event: pb.Event, client: str, tenant: str) -> None:
     # Only the client's own blocks go, and a tenant's client ids are its own (client_key).
     counts = tenant_counts(core)
-    mine = [b for b in core.blocks.values() if b.owner == client] if counts is not None else []
-    core.clear(client)
+    gone = core.clear(client)
     if counts is not None:
-        _uncount(counts, mine)
+        _uncount(counts, gone)
 
 
 def _acked(core: Core, event: pb.Event, client: str, tenant: str) -> None:

@@ -111,7 +111,7 @@ class JournalWatch:
     def update(self, journal: Journal) -> bool:
         """Sample ``journal``; returns True when it is healthy."""
         errors, written, pending = journal.errors, journal.written, journal.pending
-        saturated = getattr(journal, "saturated", None)
+        saturated = journal.saturated
         if saturated is not None:  # a journal with a spool knows: unreachable and spool full
             self._errors, self._written = errors, written
             self.failing = saturated
@@ -169,12 +169,12 @@ class Health:
                     journal.description,
                     self.watch.last_error,
                     journal.pending,
-                    getattr(journal, "spool_records", 0),
+                    journal.spool_records,
                     extra={
                         "journal_pending": journal.pending,
                         "journal_errors": journal.errors,
-                        "journal_spool_bytes": getattr(journal, "spool_bytes", 0),
-                        "journal_dropped": getattr(journal, "dropped", 0),
+                        "journal_spool_bytes": journal.spool_bytes,
+                        "journal_dropped": journal.dropped,
                     },
                 )
         return healthy

@@ -21,7 +21,6 @@ A limit of 0 means unlimited (``max_message_bytes`` excepted).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -109,27 +108,24 @@ class StreamCounts:
 
 # ---- blocks per tenant ---------------------------------------------------------------------------
 
-# Blocks per tenant of each core, while its config has a limit. Built by one pass over the
-# core's blocks when first needed (a fresh core, a shadow's copy, a limit turned on by a
-# reload), then kept by broker.apply on every allocation and free: a pure function of the
-# core's state, so the live broker, recovery and replay count alike.
-_COUNTS: weakref.WeakKeyDictionary[Core, dict[str, int]] = weakref.WeakKeyDictionary()
-
 
 def tenant_counts(core: Core) -> dict[str, int] | None:
-    """Blocks per tenant of ``core``, or None when its config sets no limit (then nothing is
-    counted, and the count is rebuilt when a limit comes back)."""
+    """Blocks per tenant of ``core`` (``core.tenant_blocks``), or None when its config sets
+    no limit (then nothing is counted, and the count is rebuilt when a limit comes back).
+
+    Built by one pass over the core's blocks when first needed (a fresh core, a limit turned
+    on by a reload), then kept by broker.apply on every allocation and free: a pure function
+    of the core's state, so the live broker, recovery and replay count alike."""
     if not core.config.max_blocks_per_tenant:
-        if _COUNTS:
-            _COUNTS.pop(core, None)
+        core.tenant_blocks = None
         return None
-    counts = _COUNTS.get(core)
+    counts = core.tenant_blocks
     if counts is None:
         counts = {}
         for block in core.blocks.values():
             if block.tenant:
                 counts[block.tenant] = counts.get(block.tenant, 0) + 1
-        _COUNTS[core] = counts
+        core.tenant_blocks = counts
     return counts
 
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from sortedcontainers import SortedList
 
 from policies.base import Block, Policy, PolicyContext, take_until
-from policies.priority_lru import _CLASS_RANK, PriorityLRUPolicy
+from policies.priority_lru import PriorityLRUPolicy
 
 # Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
 # priority order); NEAR blocks are protected.
@@ -146,9 +146,6 @@ class DeadlineEDFPolicy(Policy):
         self._stamps = itertools.count()
         self._synced_at = -1
         index = ctx.tier.index
-        self._clock = ctx.clock
-        self._guard = self.params.guard_us
-        self._stale_after = self.params.stale_after_us
         self._next_tier = ctx.tiers[index + 1] if index + 1 < len(ctx.tiers) else None
 
     # ---- costs ---------------------------------------------------------------------------
@@ -191,26 +188,15 @@ class DeadlineEDFPolicy(Policy):
     def _key(self, held: _Held) -> None:
         """Compute the block's keys and state from its fields now (step 1)."""
         block = held.block
-        held.free_key = (_CLASS_RANK.get(block.priority, 1), block.request_priority, held.stamp, block.block_id)
+        rank, request_priority = PriorityLRUPolicy.key(block)
+        held.free_key = (rank, request_priority, held.stamp, block.block_id)
         deadline = block.deadline_us
         if deadline is None:
             held.state = UNDATED
             return
-        # latest_start(block) and _state, written out: this runs for every read of every block.
-        nxt = self._next_tier
-        if nxt is None:
-            cost = block.recompute_cost_us
-            latest_start = deadline - float(self.params.default_recompute_us if cost is None else cost)
-        else:
-            latest_start = deadline - (nxt.read_latency_us + block.size / nxt.bandwidth_bytes_per_us)
+        latest_start = deadline - self.reload_us(block)
         held.deadline, held.latest_start = deadline, latest_start
-        now = self._clock.now_us
-        if now - deadline > self._stale_after:
-            held.state = STALE
-        elif now >= latest_start - self._guard:
-            held.state = NEAR
-        else:
-            held.state = FAR
+        held.state = self._state(deadline, latest_start, self.ctx.clock.now_us)
 
     def _flush(self) -> None:
         """Key every parked block from its fields now and file it (see "Lazy filing")."""
@@ -276,26 +262,27 @@ class DeadlineEDFPolicy(Policy):
     # ---- the interface -------------------------------------------------------------------
 
     def insert(self, block: Block) -> None:
-        if self._clock.now_us != self._synced_at:
-            self._sync()
+        self._sync()
         held = _Held(block, next(self._stamps))
         self._held[block.block_id] = held
         self._pending[block.block_id] = held
         if not self.lazy:
             self._flush()
 
-    def access(self, block: Block) -> None:
-        if self._clock.now_us != self._synced_at:
-            self._sync()
+    def _park(self, block: Block) -> _Held:
+        """Take a held block out of the lists until they are next read (see "Lazy filing")."""
         block_id = block.block_id
         held = self._held.get(block_id)
         if held is None:
             raise self._unknown(block)
-        pending = self._pending
-        if block_id not in pending:
+        if block_id not in self._pending:
             self._unfile(held)
-            pending[block_id] = held
-        held.stamp = next(self._stamps)
+            self._pending[block_id] = held
+        return held
+
+    def access(self, block: Block) -> None:
+        self._sync()
+        self._park(block).stamp = next(self._stamps)
         if not self.lazy:
             self._flush()
 
@@ -303,10 +290,9 @@ class DeadlineEDFPolicy(Policy):
         if not self.lazy:
             super().access_many(blocks)
             return
-        if self._clock.now_us != self._synced_at:
-            self._sync()
+        self._sync()
         held_of, pending, stamps = self._held, self._pending, self._stamps
-        for block in blocks:
+        for block in blocks:  # _park, written out: the loop of every decode step
             block_id = block.block_id
             held = held_of.get(block_id)
             if held is None:
@@ -317,16 +303,8 @@ class DeadlineEDFPolicy(Policy):
             held.stamp = next(stamps)
 
     def update(self, block: Block) -> None:
-        if self._clock.now_us != self._synced_at:
-            self._sync()
-        block_id = block.block_id
-        held = self._held.get(block_id)
-        if held is None:
-            raise self._unknown(block)
-        pending = self._pending
-        if block_id not in pending:
-            self._unfile(held)
-            pending[block_id] = held
+        self._sync()
+        self._park(block)
         if not self.lazy:
             self._flush()
 

@@ -249,7 +249,9 @@ async def test_health_probe_module_exit_codes_as_a_container_runs_it() -> None:
 
 
 class FakeJournal:
-    """The three counters the watch reads."""
+    """What the watch reads of a journal without a spool: three counters (and no spool)."""
+
+    saturated = None
 
     def __init__(self) -> None:
         self.errors = self.written = self.pending = 0

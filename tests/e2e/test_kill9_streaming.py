@@ -12,11 +12,9 @@ process is killed with SIGKILL and started again on the same port and journal. T
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -26,23 +24,17 @@ from clients.broker_client import BrokerClient
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import intent_pb2 as pb
+from tests.e2e.test_cli import start_serve
 
 PER_BATCH = 8
-ROOT = Path(__file__).parents[2]
+# fsync: an acknowledged record is on disk, not only in the page cache. Tiers large enough
+# that nothing is evicted, so residency is exactly the blocks allocated.
+CONFIG = '[journal]\nfsync = true\n[[tiers]]\nname = "hbm"\ncapacity = "1GiB"\n[[tiers]]\nname = "dram"\ncapacity = "4GiB"\n'
 
 
-def serve(config: Path, journal: str, port: int = 0) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}", "--journal", journal],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, "kvbroker serve exited before listening"
-    return proc, json.loads(line)["port"]
+def serve(tmp_path: Path, journal: str, port: int = 0) -> tuple[subprocess.Popen[str], int]:
+    """``kvbroker serve`` on CONFIG and ``journal`` (the last --listen wins: 0 for a free port)."""
+    return start_serve(tmp_path, "--journal", journal, "--listen", f"127.0.0.1:{port}", config_text=CONFIG)
 
 
 async def residency_of(port: int, block_ids: list[str]) -> dict[str, str]:
@@ -62,11 +54,7 @@ async def residency_of(port: int, block_ids: list[str]) -> dict[str, str]:
 
 async def test_kill_9_under_streaming_load_loses_no_acknowledged_batch(tmp_path: Path) -> None:
     journal = f"file://{tmp_path}/kill.journal"
-    config = tmp_path / "b.toml"
-    # fsync: an acknowledged record is on disk, not only in the page cache. Tiers large
-    # enough that nothing is evicted, so residency is exactly the blocks allocated.
-    config.write_text('[journal]\nfsync = true\n[[tiers]]\nname = "hbm"\ncapacity = "1GiB"\n[[tiers]]\nname = "dram"\ncapacity = "4GiB"\n')
-    proc, port = await asyncio.to_thread(serve, config, journal)
+    proc, port = await asyncio.to_thread(serve, tmp_path, journal)
     acked = 0  # highest batch_seq whose answer came back
     sent = 0
     stop = asyncio.Event()
@@ -98,7 +86,7 @@ async def test_kill_9_under_streaming_load_loses_no_acknowledged_batch(tmp_path:
         acked_at_kill = acked
         os.kill(proc.pid, signal.SIGKILL)
         await asyncio.to_thread(proc.wait, 10)
-        proc, port2 = await asyncio.to_thread(serve, config, journal, port)
+        proc, port2 = await asyncio.to_thread(serve, tmp_path, journal, port)
         assert port2 == port
         # The restarted broker holds every block of every batch acknowledged before the kill.
         wanted = [f"b{i}" for i in range(acked_at_kill * PER_BATCH)]
@@ -124,7 +112,7 @@ async def test_kill_9_under_streaming_load_loses_no_acknowledged_batch(tmp_path:
     seqs = [pb.IntentBatch.FromString(r.payload).batch_seq for r in JournalSource(journal).batches()]
     assert seqs == list(range(1, sent + 1))
     # And a broker started on that journal holds every block the client allocated.
-    proc, port3 = await asyncio.to_thread(serve, config, journal)
+    proc, port3 = await asyncio.to_thread(serve, tmp_path, journal)
     try:
         held = await residency_of(port3, [f"b{sent * PER_BATCH - 1}", "b0", f"b{acked_at_kill * PER_BATCH}"])
         assert len(held) == 3
