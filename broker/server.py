@@ -47,6 +47,8 @@ log = logging.getLogger("kvbroker.server")
 SERVICE_NAME = "kvbroker.v1.BrokerService"
 # Responses: never smaller than the default, whatever limits.max_message_bytes is.
 MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_BYTES
+# Batches of one stream applied and not yet answered, at most (BrokerServicer._answers).
+STREAM_PIPELINE = 64
 
 
 def field_slice(raw: bytes, field_number: int) -> bytes | None:
@@ -144,40 +146,85 @@ class BrokerServicer:
             yield spb.StreamResponse(hello=reply)
             service.streams += 1
             try:
-                async for raw in requests:
-                    yield spb.StreamResponse(directives=await self._stream_batch(raw, client_id, tenant))
+                async for answer in self._answers(requests, client_id, tenant):
+                    yield spb.StreamResponse(directives=answer)
             finally:
                 service.streams -= 1
         finally:
             self.stream_counts.leave(key)
 
-    async def _stream_batch(self, raw: bytes, client_id: str, tenant: str) -> dpb.DirectiveBatch:
+    async def _answers(self, requests: AsyncIterator[bytes], client_id: str, tenant: str) -> AsyncIterator[dpb.DirectiveBatch]:
+        """The stream's batches, each applied as it arrives and answered in order once
+        journaled.
+
+        One task reads and applies, so apply order is arrival order and journal order is
+        apply order, as before; this generator answers. The reader does not wait for a
+        batch's journal write before applying the next: a client with several batches in
+        flight has them written in one journal group, not one round trip each. An answer
+        still leaves only when its batch is durable (ack_after = "journal"), so what a
+        client saw acknowledged survives a crash. At most ``STREAM_PIPELINE`` batches wait
+        for their answers; then the reader stops reading (gRPC flow control pushes back).
+        """
+        journal = self.service.journal
+        answers: asyncio.Queue[tuple[dpb.DirectiveBatch, int] | BaseException | None] = asyncio.Queue()
+        room = asyncio.Semaphore(STREAM_PIPELINE)
+
+        async def read() -> None:
+            try:
+                async for raw in requests:
+                    answers.put_nowait(self._accept_streamed(raw, client_id, tenant))
+                    await room.acquire()
+            except BaseException as exc:  # the client went away, or a bug: the answerer raises it
+                answers.put_nowait(exc)
+                raise
+            answers.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read(), name=f"stream-reader {client_id}")
+        try:
+            while True:
+                item = await answers.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                answer, ordinal = item
+                if ordinal:
+                    await journal.durable(ordinal)
+                room.release()
+                yield answer
+        finally:
+            reader.cancel()
+
+    def _accept_streamed(self, raw: bytes, client_id: str, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
         try:
             request = spb.StreamRequest.FromString(raw)
         except DecodeError as exc:
-            return _batch_error("batch", f"malformed StreamRequest: {exc}")
+            return _batch_error("batch", f"malformed StreamRequest: {exc}"), 0
         if request.WhichOneof("kind") != "batch":
-            return _batch_error("hello", "hello already received on this stream; send batches")
+            return _batch_error("hello", "hello already received on this stream; send batches"), 0
         batch = request.batch
         if batch.client_id != client_id:
-            return _batch_error("client_id", f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}", batch=batch)
+            mismatch = f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}"
+            return _batch_error("client_id", mismatch, batch=batch), 0
         payload = field_slice(raw, 2)
-        return await self._submit(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+        return self._accept(batch, payload if payload is not None else batch.SerializeToString(), tenant)
 
-    async def _submit(self, batch: pb.IntentBatch, payload: bytes, tenant: str) -> dpb.DirectiveBatch:
-        """Limits and the tenant, then the service: a refused batch is not applied or journaled."""
+    def _accept(self, batch: pb.IntentBatch, payload: bytes, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
+        """Limits and the tenant, then the service: a refused batch is not applied or
+        journaled. Returns the answer and the journal ordinal it must wait for (0: none)."""
         refusal = events_refusal(len(batch.events), self.service.config.limits)
         if refusal is not None:
-            return _batch_error("events", refusal, batch=batch)
+            return _batch_error("events", refusal, batch=batch), 0
         if tenant and batch.tenant != tenant:
             if batch.tenant:
-                return _batch_error("tenant", f"{batch.tenant!r} is not the stream's tenant (leave it empty)", "PERMISSION_DENIED", batch)
+                wrong = f"{batch.tenant!r} is not the stream's tenant (leave it empty)"
+                return _batch_error("tenant", wrong, "PERMISSION_DENIED", batch), 0
             batch.tenant = tenant
             payload += tenant_field(tenant)  # journaled with the batch: replay checks the same tenant
         refusal = self.service.journal.refusal(len(payload))
         if refusal is not None:  # Redis down and the spool full (journal.spool_full = "refuse")
-            return _batch_error("journal", refusal, "UNAVAILABLE", batch)
-        return await self.service.submit_durable(batch, payload)
+            return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
+        return self.service.accept(batch, payload)
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
         try:
@@ -193,7 +240,9 @@ class BrokerServicer:
         if batch.client_id != request.hello.client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch.client_id: must equal hello.client_id")
         payload = field_slice(raw, 2)
-        result = await self._submit(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+        result, ordinal = self._accept(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+        if ordinal:
+            await self.service.journal.durable(ordinal)
         return spb.SubmitResponse(directives=result)
 
     async def GetResidency(self, request: spb.GetResidencyRequest, context: grpc.aio.ServicerContext) -> spb.GetResidencyResponse:
@@ -276,6 +325,21 @@ class RunningBroker:
             await self.telemetry.stop()  # last: the final OTLP push sees the flushed journal
 
 
+def journal_for(config: BrokerConfig) -> Journal:
+    """The journal ``config`` names, with its spool, not yet started."""
+    j = config.journal
+    return open_journal(
+        j.url,
+        stream=config.stream_key(),
+        maxlen=j.maxlen,
+        fsync=j.fsync,
+        max_group=j.max_group,
+        spool_dir=j.spool_dir,
+        spool_max_bytes=j.spool_max_bytes,
+        spool_full=j.spool_full,
+    )
+
+
 def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
     """The batches and config changes already in the journal, in order (read once the
     writer has cut any torn tail)."""
@@ -308,16 +372,7 @@ async def start_broker(
         ("on, mutual (client certificates required)" if security.tls_client_ca else "on") if credentials is not None else "off",
         describe_table(tokens.table) if tokens is not None else "off",
     )
-    journal = open_journal(
-        config.journal.url,
-        stream=config.stream_key(),
-        maxlen=config.journal.maxlen,
-        fsync=config.journal.fsync,
-        max_group=config.journal.max_group,
-        spool_dir=config.journal.spool_dir,
-        spool_max_bytes=config.journal.spool_max_bytes,
-        spool_full=config.journal.spool_full,
-    )
+    journal = journal_for(config)
     await journal.start()
     try:
         recovered = await asyncio.to_thread(_recoverable, config, journal)

@@ -289,12 +289,12 @@ class BrokerService:
                 self.last_ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, payload))
         return result
 
-    async def submit_durable(self, batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
-        """``submit``, answered only once journaled when ack_after = "journal"."""
+    def accept(self, batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
+        """``submit``, and the journal ordinal to wait for (``journal.durable``) before the
+        answer may leave: the batch's last record when ack_after = "journal" and it was
+        applied, else 0 (answer at once)."""
         result = self.submit(batch, raw)
-        if self.ack_after_journal and self.last_applied:
-            await self.journal.durable(self.last_ordinal)
-        return result
+        return result, self.last_ordinal if self.ack_after_journal and self.last_applied else 0
 
     def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
         """(name, blocks, bytes, capacity, pinned bytes) per tier, summed over split arms."""

@@ -28,9 +28,9 @@ from broker import health as health_mod
 from broker import telemetry as telemetry_mod
 from broker.config import BrokerConfig, ConfigError
 from broker.health import LIVENESS_SERVICE, SERVICE_NAME, HealthConfig, JournalWatch, health_config_from_dict
-from broker.journal import Journal, open_journal
+from broker.journal import Journal
 from broker.server import SERVICE_NAME as SERVER_SERVICE_NAME
-from broker.server import BrokerServicer, add_servicer
+from broker.server import BrokerServicer, add_servicer, journal_for
 from broker.service import BrokerService
 from broker.telemetry import TelemetryConfig
 from clients.broker_client import BrokerClient
@@ -70,16 +70,7 @@ async def start_ops_broker(
     config: BrokerConfig, health_config: HealthConfig | None = None, telemetry_config: TelemetryConfig | None = None
 ) -> OpsBroker:
     """``start_broker`` with the health and telemetry ``install`` calls where they will go."""
-    journal = open_journal(
-        config.journal.url,
-        stream=config.stream_key(),
-        maxlen=config.journal.maxlen,
-        fsync=config.journal.fsync,
-        max_group=config.journal.max_group,
-        spool_dir=config.journal.spool_dir,
-        spool_max_bytes=config.journal.spool_max_bytes,
-        spool_full=config.journal.spool_full,
-    )
+    journal = journal_for(config)
     await journal.start()
     service = BrokerService(config, journal)
     server = grpc.aio.server()
