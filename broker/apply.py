@@ -24,7 +24,8 @@ from broker.limits import count_block, tenant_counts, tenant_full
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority
 
-_new_block = object.__new__
+# An empty Block, every slot set below (Block.__new__ is object.__new__ when interpreted).
+_new_block = Block.__new__
 _PHASES = frozenset(pb.Phase.values())
 _PRIORITIES = frozenset(pb.Priority.values())
 _ACK_DONE = pb.ACK_STATUS_DONE

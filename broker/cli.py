@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from broker import native
 from broker.config import ConfigError, load_config, parse_config
 
 
@@ -554,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    stale = native.stale_message()
+    if stale:
+        print(f"kvbroker: warning: {stale}", file=sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
 
+from mypy_extensions import mypyc_attr
+
 from broker.config import QUANT, ConfigError, CoreConfig
 from broker.stats import CoreStats
 from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, Priority, TierInfo, wants_pin
@@ -48,6 +50,8 @@ class EventError(Exception):
         self.code = code
 
 
+# Copyable when compiled (a shadow starts from a copy of the core): see policies.base.Block.
+@mypyc_attr(allow_interpreted_subclasses=True)
 @dataclasses.dataclass(slots=True)
 class Directive:
     directive_id: int
@@ -78,6 +82,7 @@ class Directive:
         )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class TierState:
     """One tier at run time: its limits, what it holds, and its policy instance."""
 
@@ -96,6 +101,7 @@ class TierState:
         self.policy = policy
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class Core:
     """Residency state plus one policy instance per tier."""
 

@@ -34,6 +34,8 @@ from collections.abc import Set as AbstractSet
 from enum import IntEnum
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
+
 
 class PolicyError(Exception):
     """A policy was used against its contract (unknown block, bad parameter)."""
@@ -67,10 +69,17 @@ DROPPED = -1
 DEFAULT_REQUEST_PRIORITY = 50
 
 
+# mypyc (broker/native.py compiles this module): a compiled class's __new__ runs __init__,
+# unless the class allows interpreted subclasses. This mark is what lets copy.deepcopy copy
+# an instance (a shadow policy starts from a copy of the live core) and ``Block.__new__``
+# make an empty block (broker.apply). (mypyc's serializable=True is meant for it, but in
+# mypy 2.4.1 it also turns a constructor call from interpreted code into a no-op.)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Block:
     """One KV block as the broker models it: identity, intent and where it lives.
 
-    ``__slots__`` keeps a block small: the broker must hold a million of them.
+    ``__slots__`` keeps a block small: the broker must hold a million of them (compiled,
+    its fields are a C struct).
     """
 
     __slots__ = (
@@ -182,6 +191,13 @@ def wants_pin(block: Block) -> bool:
     return block.pin_requested or block.priority == Priority.DECODE_CRITICAL
 
 
+def reduce_frozen(obj: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``__reduce__`` of a frozen dataclass: copy.deepcopy (a shadow policy starts from a copy
+    of the live core) rebuilds it through its constructor. Compiled with mypyc, a frozen
+    dataclass refuses the field-by-field restore that copy would do otherwise."""
+    return type(obj), tuple(getattr(obj, field.name) for field in dataclasses.fields(obj))
+
+
 @dataclasses.dataclass(frozen=True)
 class TierInfo:
     """What a policy may know about the tier it serves and the tiers below it."""
@@ -196,6 +212,9 @@ class TierInfo:
         """Time to read ``size`` bytes out of this tier."""
         return self.read_latency_us + size / self.bandwidth_bytes_per_us
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_frozen(self)
+
 
 class Clock:
     """Event time in microseconds, advanced from event timestamps only, and the ordinal of
@@ -208,6 +227,7 @@ class Clock:
         self.event_index = -1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see Block
 class FutureUses:
     """The future of a stream, for offline policies (Belady): where each block is used next.
 
@@ -246,12 +266,17 @@ class PolicyContext:
     # The stream's future: only in replay, only for offline policies.
     future: FutureUses | None = None
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_frozen(self)
+
 
 @dataclasses.dataclass(frozen=True)
 class NoParams:
     """Parameters of a policy that has none."""
 
 
+# Out-of-tree and most built-in policies are interpreted subclasses of this compiled class.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     """Base class of every policy. Subclasses set ``name``, ``description`` and ``Params``."""
 

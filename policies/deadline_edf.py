@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar
 
+from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedList
 
 from policies.base import Block, Policy, PolicyContext, take_until
@@ -19,6 +20,9 @@ from policies.priority_lru import PriorityLRUPolicy
 UNDATED, FAR, NEAR, STALE = 0, 1, 2, 3
 
 
+# A plain class when compiled (broker/native.py): __post_init__ names a bad value, where a
+# compiled class would refuse a float for an int field before it, naming no parameter.
+@mypyc_attr(native_class=False)
 @dataclasses.dataclass(frozen=True)
 class DeadlineEDFParams:
     """``stale_after_us``: a deadline passed by more than this counts as none (the engine
@@ -38,6 +42,7 @@ class DeadlineEDFParams:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class _Held:
     """What the policy keeps per block: its sort keys, fixed at the block's last event."""
 
@@ -52,6 +57,9 @@ class _Held:
         self.latest_start = 0.0
 
 
+# Compiled (broker/native.py): interpreted policies may subclass it, and copy.deepcopy
+# needs its __new__ to be empty (see policies.base.Block).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DeadlineEDFPolicy(Policy):
     """Evicts free blocks by (priority class, request priority, LRU), then near-deadline
     blocks, the one with the latest must-start time first.

@@ -6,9 +6,14 @@ from collections import OrderedDict
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import Block, Policy, PolicyContext, take_until
 
 
+# Compiled (broker/native.py): interpreted policies may subclass it, and copy.deepcopy
+# needs its __new__ to be empty (see policies.base.Block).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LRUPolicy(Policy):
     """Evicts the least recently inserted or accessed block; ignores intent.
 

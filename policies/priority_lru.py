@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import Block, Policy, PolicyContext, Priority, take_until
 
 # Eviction rank of a priority class: lower leaves first. UNSPECIFIED counts as WARM.
@@ -22,6 +24,9 @@ _CLASS_RANK: dict[int, int] = {
 Key = tuple[int, int]
 
 
+# Compiled (broker/native.py): interpreted policies may subclass it, and copy.deepcopy
+# needs its __new__ to be empty (see policies.base.Block).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PriorityLRUPolicy(Policy):
     """Evicts the coldest priority class first, then the lowest request priority, then LRU.
 

@@ -12,9 +12,13 @@ import heapq
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar, cast
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import Block
 
 
+# Interpreted policies subclass it (lfu, sieve); this also makes it copyable when compiled.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Node:
     """One entry of a ``DList``: a block and its two links. Policies subclass it to add slots."""
 

@@ -10,8 +10,18 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 
+from broker import native
 from broker.config import BrokerConfig, JournalConfig, parse_config
 from broker.server import RunningBroker, start_broker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compiled modules built from older sources would be tested instead of the code in
+    the tree (broker/native.py): refuse to run, saying how to rebuild."""
+    problem = native.suite_problem()
+    if problem:
+        raise pytest.UsageError(problem)
+
 
 REDIS_URL = os.environ.get("KVBROKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
 

@@ -15,6 +15,14 @@ from policies.base import Block
 from tests.conftest import small_config
 
 
+def block_fields() -> tuple[str, ...]:
+    """Block's slots; compiled with mypyc (broker/native.py), the class lists its fields in
+    ``__mypyc_attrs__`` instead."""
+    fields: tuple[str, ...] = getattr(Block, "__slots__", None) or Block.__mypyc_attrs__  # type: ignore[attr-defined]
+    assert "block_id" in fields and "ready_us" in fields
+    return fields
+
+
 def reference(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     """The build as it was written first: the constructor, then the intent's fields."""
     block = Block(intent.block_id, intent.size_bytes, request_id=intent.request_id, tenant=intent.tenant)
@@ -85,7 +93,7 @@ def test_block_from_intent_builds_what_the_constructor_builds(ablate: bool) -> N
     for _ in range(2000):
         intent = random_intent(rng)
         got, want = block_from_intent(core, intent, "owner"), reference(core, intent, "owner")
-        for slot in Block.__slots__:
+        for slot in block_fields():
             assert hasattr(got, slot), slot
             value, expected = getattr(got, slot), getattr(want, slot)
             assert value == expected and type(value) is type(expected), (slot, value, expected)

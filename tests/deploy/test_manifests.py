@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import posixpath
 import shlex
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from broker import native
 from broker.config import BrokerConfig, config_from_dict
 from broker.health import LIVENESS_SERVICE, HealthConfig, health_config_from_dict
 from broker.server import SERVICE_NAME
@@ -237,6 +239,12 @@ def test_dockerfile_copies_exist_and_are_enough_to_build_the_package(tmp_path: P
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert {"broker/health_probe.py", "broker/health.py", "broker/telemetry.py", "kvbroker/v1/broker_service_pb2.py"} <= names
     assert "kvbroker = broker.cli:main" in entry_points
+    # The image runs the hot path compiled (setup.py), unless this run is the pure Python one.
+    compiled = {n.split(".")[0].replace("/", ".") for n in names if n.endswith(".so")}
+    if os.environ.get(native.PURE_ENV, "") in ("", "0"):
+        assert compiled == {*native.COMPILED_MODULES, native.GROUP + "__mypyc"}
+    else:
+        assert compiled == set()
 
 
 def test_dockerignore_sends_exactly_what_the_dockerfile_copies() -> None:
