@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -209,9 +212,9 @@ def test_field_slice_gives_the_exact_bytes_of_the_batch(ids: list[str], seq: int
     assert field_slice(raw + b"\x12", 2) is None  # truncated trailing field: not well formed
 
 
-async def test_a_stream_applies_batches_in_flight_and_answers_each_only_once_journaled(tmp_path: Path) -> None:
-    """Batches in flight on one stream are applied as they arrive (they share journal
-    writes, not one round trip each), and none is answered before its record is written."""
+@contextlib.asynccontextmanager
+async def held_journal_broker(tmp_path: Path) -> AsyncIterator[tuple[RunningBroker, asyncio.Event]]:
+    """A broker on a file journal whose writes wait until the yielded event is set."""
     config = dataclasses.replace(small_config(), journal=JournalConfig(url=f"file://{tmp_path / 'journal.log'}"))
     broker = await start_broker(config)
     journal = broker.service.journal
@@ -224,63 +227,58 @@ async def test_a_stream_applies_batches_in_flight_and_answers_each_only_once_jou
 
     journal._write = held_write  # type: ignore[method-assign]
     try:
-        async with grpc.aio.insecure_channel(target(broker)) as channel:
-            stream = spb_grpc.BrokerServiceStub(channel).Stream()
-            await stream.write(spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id="e")))
-            assert (await stream.read()).WhichOneof("kind") == "hello"
-            for seq in range(1, 6):
-                batch = pb.IntentBatch(client_id="e", batch_seq=seq, events=[alloc(f"b{seq}", ts=seq)])
-                await stream.write(spb.StreamRequest(batch=batch))
-            for _ in range(200):  # all five applied while the first still waits for its write
-                if len(broker.service.core.blocks) == 5:
-                    break
-                await asyncio.sleep(0.01)
-            assert sorted(broker.service.core.blocks) == ["b1", "b2", "b3", "b4", "b5"]
-            assert journal.written == 1  # the config record; no batch is written yet
-            reading = asyncio.ensure_future(stream.read())
-            done, _ = await asyncio.wait({reading}, timeout=0.3)
-            assert not done, "a batch was answered before its journal record was written"
-            gate.set()
-            answers = [await reading] + [await stream.read() for _ in range(4)]
-            assert [a.directives.batch_seq for a in answers] == [1, 2, 3, 4, 5]
-            assert all(a.directives.accepted_events == 1 for a in answers)
-            assert journal.written == 6
-            await stream.done_writing()
+        yield broker, gate
     finally:
         gate.set()
         await broker.stop(grace=1)
+
+
+async def open_stream(channel: grpc.aio.Channel, client_id: str) -> Any:
+    stream = spb_grpc.BrokerServiceStub(channel).Stream()
+    await stream.write(spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id=client_id)))
+    assert (await stream.read()).WhichOneof("kind") == "hello"
+    return stream
+
+
+async def test_a_stream_applies_batches_in_flight_and_answers_each_only_once_journaled(tmp_path: Path) -> None:
+    """Batches in flight on one stream are applied as they arrive (they share journal
+    writes, not one round trip each), and none is answered before its record is written."""
+    async with held_journal_broker(tmp_path) as (broker, gate), grpc.aio.insecure_channel(target(broker)) as channel:
+        journal = broker.service.journal
+        stream = await open_stream(channel, "e")
+        for seq in range(1, 6):
+            batch = pb.IntentBatch(client_id="e", batch_seq=seq, events=[alloc(f"b{seq}", ts=seq)])
+            await stream.write(spb.StreamRequest(batch=batch))
+        for _ in range(200):  # all five applied while the first still waits for its write
+            if len(broker.service.core.blocks) == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(broker.service.core.blocks) == ["b1", "b2", "b3", "b4", "b5"]
+        assert journal.written == 1  # the config record; no batch is written yet
+        reading = asyncio.ensure_future(stream.read())
+        done, _ = await asyncio.wait({reading}, timeout=0.3)
+        assert not done, "a batch was answered before its journal record was written"
+        gate.set()
+        answers = [await reading] + [await stream.read() for _ in range(4)]
+        assert [a.directives.batch_seq for a in answers] == [1, 2, 3, 4, 5]
+        assert all(a.directives.accepted_events == 1 for a in answers)
+        assert journal.written == 6
+        await stream.done_writing()
 
 
 async def test_a_stream_reads_no_further_than_the_pipeline_bound(tmp_path: Path) -> None:
     """With its journal writes held, a stream applies at most STREAM_PIPELINE batches (plus
     the one being read); the rest wait in gRPC flow control, and all arrive once it opens."""
-    config = dataclasses.replace(small_config(), journal=JournalConfig(url=f"file://{tmp_path / 'journal.log'}"))
-    broker = await start_broker(config)
-    journal = broker.service.journal
-    gate = asyncio.Event()
-    write = journal._write
-
-    async def held_write(group: list[JournalRecord]) -> None:
-        await gate.wait()
-        await write(group)
-
-    journal._write = held_write  # type: ignore[method-assign]
     total = STREAM_PIPELINE + 20
-    try:
-        async with grpc.aio.insecure_channel(target(broker)) as channel:
-            stream = spb_grpc.BrokerServiceStub(channel).Stream()
-            await stream.write(spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id="e")))
-            await stream.read()
-            for seq in range(1, total + 1):
-                batch = pb.IntentBatch(client_id="e", batch_seq=seq, events=[access("nothing", ts=seq)])
-                await stream.write(spb.StreamRequest(batch=batch))
-            await asyncio.sleep(0.5)
-            assert broker.service.core.stats.batches == STREAM_PIPELINE + 1
-            gate.set()
-            answers = [await stream.read() for _ in range(total)]
-            assert [a.directives.batch_seq for a in answers] == list(range(1, total + 1))
-            assert broker.service.core.stats.batches == total
-            await stream.done_writing()
-    finally:
+    async with held_journal_broker(tmp_path) as (broker, gate), grpc.aio.insecure_channel(target(broker)) as channel:
+        stream = await open_stream(channel, "e")
+        for seq in range(1, total + 1):
+            batch = pb.IntentBatch(client_id="e", batch_seq=seq, events=[access("nothing", ts=seq)])
+            await stream.write(spb.StreamRequest(batch=batch))
+        await asyncio.sleep(0.5)
+        assert broker.service.core.stats.batches == STREAM_PIPELINE + 1
         gate.set()
-        await broker.stop(grace=1)
+        answers = [await stream.read() for _ in range(total)]
+        assert [a.directives.batch_seq for a in answers] == list(range(1, total + 1))
+        assert broker.service.core.stats.batches == total
+        await stream.done_writing()
