@@ -224,7 +224,7 @@ class BrokerServicer:
         refusal = self.service.journal.refusal(len(payload))
         if refusal is not None:  # Redis down and the spool full (journal.spool_full = "refuse")
             return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
-        return self.service.accept(batch, payload)
+        return self.service.submit(batch, payload)
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
         try:

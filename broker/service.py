@@ -139,9 +139,6 @@ class BrokerService:
         self.shadows: dict[str, Core] = {}
         self.journal_directives = config.journal.directives
         self.ack_after_journal = config.journal.ack_after == "journal"
-        # Whether the last submitted batch was applied, and the ordinal of its last record.
-        self.last_applied = False
-        self.last_ordinal = 0
         self.streams = 0
         self.reloads = 0
         if first is None or config.core != self.core_config:
@@ -273,28 +270,24 @@ class BrokerService:
             config_generation=self.generation,
         )
 
-    def submit(self, batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
-        """Apply one batch and journal it (as received) when it was applied."""
+    def submit(self, batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
+        """Apply one batch and journal it (as received) when it was applied. Returns the
+        answer and the journal ordinal to wait for (``journal.durable``) before it may
+        leave: the batch's last record when ack_after = "journal" and it was applied, else
+        0 (answer at once)."""
         outcome = apply_batch(self.core_for(batch.client_id), batch)
         for shadow in self.shadows.values():
             apply_batch(shadow, batch)
             shadow.take_directives()
         generation = self.generation
         result = outcome_to_pb(batch, outcome, generation)
-        self.last_applied = outcome.applied
-        if outcome.applied:
-            self.last_ordinal = self.journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
-            if self.journal_directives and outcome.directives:
-                payload = result.SerializeToString()
-                self.last_ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, payload))
-        return result
-
-    def accept(self, batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
-        """``submit``, and the journal ordinal to wait for (``journal.durable``) before the
-        answer may leave: the batch's last record when ack_after = "journal" and it was
-        applied, else 0 (answer at once)."""
-        result = self.submit(batch, raw)
-        return result, self.last_ordinal if self.ack_after_journal and self.last_applied else 0
+        if not outcome.applied:
+            return result, 0
+        ordinal = self.journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
+        if self.journal_directives and outcome.directives:
+            payload = result.SerializeToString()
+            ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, payload))
+        return result, ordinal if self.ack_after_journal else 0
 
     def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
         """(name, blocks, bytes, capacity, pinned bytes) per tier, summed over split arms."""

@@ -561,7 +561,7 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
     attrs: dict[str, str] = {}
     key: tuple[str, int] = ("", -1)
 
-    def timed(batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
+    def timed(batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
         nonlocal attrs, key
         if fold.changed():
             fold.fold()  # credit what the old policy/generation did before the new one acts
@@ -569,16 +569,17 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
             key = (fold.policy, fold.generation)
             attrs = {"policy": fold.policy, "config_generation": str(fold.generation)}
         t0 = perf()
-        result = submit(batch, raw)
+        submitted = submit(batch, raw)
         histogram.record(perf() - t0, attrs)
-        return result
+        return submitted
 
     if tracer is None:
         return timed
 
-    def traced(batch: pb.IntentBatch, raw: bytes) -> dpb.DirectiveBatch:
+    def traced(batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
         with tracer.start_as_current_span("kvbroker.batch") as span:
-            result = timed(batch, raw)
+            submitted = timed(batch, raw)
+            result = submitted[0]
             if span.is_recording():
                 span.set_attributes(
                     {
@@ -592,7 +593,7 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
                         "kvbroker.config_generation": fold.generation,
                     }
                 )
-        return result
+        return submitted
 
     return traced
 
