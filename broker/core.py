@@ -336,10 +336,8 @@ class Core:
         score = policy.score(victim)
         drop = self._drop_hook[t] and policy.prefer_drop(victim)
         self._detach(victim, as_victim=True)
-        mask = victim.allowed_mask
         for d in range(t + 1, 0 if drop else len(self.tiers)):
-            # victim.allowed_in(d), inlined.
-            if (not mask or mask >> d & 1) and self._make_room(d, victim.size, protected):
+            if victim.allowed_in(d) and self._make_room(d, victim.size, protected):
                 self._attach(victim, d)
                 stats = self.stats
                 stats.demotions += 1
@@ -540,7 +538,9 @@ class Core:
             else:
                 # update() (with _repin, _intent_changed, _deadline_moved) for each block,
                 # written out: a decode step re-deadlines every block of its request, and the
-                # calls cost deadline_edf's decode-mode replay about 15% (73k -> 62k events/s).
+                # calls cost deadline_edf's decode-mode replay about 15% (73k -> 62k events/s;
+                # compiled, still about 10%: 65-78k against 61-68k, runs alternating on
+                # 2026-11-23). It must change with update().
                 tiers = self.tiers
                 prefetching = self._prefetching
                 for block in blocks:
