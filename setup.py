@@ -1,4 +1,5 @@
-"""Build: compiles the hot path (broker.native.COMPILED_MODULES) with mypyc.
+"""Build: compiles the hot path (broker.native.COMPILED_MODULES) with mypyc, and the C
+extensions (broker.native.C_EXTENSIONS).
 
 Everything else about the package is in pyproject.toml. ``KVBROKER_PURE_PYTHON=1`` skips
 the compilation and removes the compiled files an earlier build left beside the sources,
@@ -45,6 +46,7 @@ def ext_modules() -> list[Extension]:
     # checks the code against them.)
     flags = ["--no-site-packages", "--ignore-missing-imports"]
     extensions: list[Extension] = mypycify([*flags, *sources], opt_level="3", group_name=native.GROUP)
+    extensions += [Extension(module, [path], extra_compile_args=["-O2"]) for module, path in native.C_EXTENSIONS.items()]
     return extensions
 
 

@@ -17,10 +17,60 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterable
+from typing import Any
 
 from broker.core import Core, Directive, EventError
 from broker.limits import count_block, tenant_counts, tenant_full
+from broker.wire import (
+    A_ALLOWED_TIERS,
+    A_BLOCK_ID,
+    A_COMPRESSION_OK,
+    A_DEADLINE,
+    A_HEAD_GROUP,
+    A_IS_COMMITTED,
+    A_IS_DRAFT,
+    A_LAYER,
+    A_PARENT_ID,
+    A_PHASE,
+    A_PIN_REQUESTED,
+    A_PREFETCH_OK,
+    A_PRIORITY,
+    A_RECOMPUTE_COST,
+    A_RECOMPUTE_OK,
+    A_REQUEST_ID,
+    A_REQUEST_PRIORITY,
+    A_REUSE,
+    A_REUSE_WINDOW,
+    A_SIZE,
+    A_SLACK,
+    A_SPILL_COST,
+    A_TENANT,
+    A_TIER,
+    A_TOKEN_COUNT,
+    A_TOKEN_START,
+    ACCESSED,
+    ALLOCATED,
+    CLEARED,
+    FREED,
+    KIND_NAMES,
+    NONE,
+    RELEASED,
+    U_BLOCK_ID,
+    U_CLEAR_DEADLINE,
+    U_DEADLINE,
+    U_IS_COMMITTED,
+    U_IS_DRAFT,
+    U_PHASE,
+    U_PIN_REQUESTED,
+    U_PRIORITY,
+    U_RECOMPUTE_COST,
+    U_REQUEST_PRIORITY,
+    U_REUSE_WINDOW,
+    U_SLACK,
+    UPDATED,
+    BatchReader,
+    read_batch,
+)
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority
 
@@ -61,88 +111,102 @@ def client_key(tenant: str, client_id: str) -> str:
     return f"{tenant}\x00{client_id}" if tenant else client_id
 
 
-def check_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome | None:
+def check_batch(core: Core, client_id: str, batch_seq: int, tenant: str) -> BatchOutcome | None:
     """Batch-level checks; returns the outcome when the batch must not be applied."""
-    if not batch.client_id:
+    if not client_id:
         return BatchOutcome([], [Rejection(-1, "client_id", "required, a non-empty string")], 0, applied=False)
-    if batch.batch_seq == 0:
+    if batch_seq == 0:
         return BatchOutcome([], [Rejection(-1, "batch_seq", "must be >= 1")], 0, applied=False)
-    if batch.batch_seq <= core.client_seq.get(client_key(batch.tenant, batch.client_id), 0):
+    if batch_seq <= core.client_seq.get(client_key(tenant, client_id), 0):
         core.stats.duplicate_batches += 1
         return BatchOutcome([], [], 0, duplicate=True, applied=False)
     return None
 
 
-def apply_batch(core: Core, batch: pb.IntentBatch) -> BatchOutcome:
-    """Apply one batch; the caller journals it when ``outcome.applied``."""
-    refused = check_batch(core, batch)
+def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> BatchOutcome:
+    """Apply one batch (read by ``broker.wire.read_batch``, or serialized as the broker
+    receives and journals it, or a message); the caller journals it when
+    ``outcome.applied``. Bytes that do not parse raise protobuf's DecodeError, before
+    anything is applied."""
+    reader = read_batch(batch) if isinstance(batch, (bytes, pb.IntentBatch)) else batch
+    tenant: str = reader.tenant
+    refused = check_batch(core, reader.client_id, reader.batch_seq, tenant)
     if refused is not None:
         return refused
-    tenant = batch.tenant
-    client = client_key(tenant, batch.client_id)
-    core.client_seq[client] = batch.batch_seq
+    client = client_key(tenant, reader.client_id)
+    core.client_seq[client] = reader.batch_seq
     core.stats.batches += 1
     rejections: list[Rejection] = []
     events_seen = core.stats.events
     clock = core.clock
-    handlers = _HANDLERS
-    for index, event in enumerate(batch.events):
+    index = 0
+    for ev in reader.events(core.blocks):
         clock.event_index += 1
-        kind = event.WhichOneof("kind")
+        kind: int = ev[0]
         try:
-            if kind is None:
+            if kind == NONE:
                 raise EventError("kind", "event has no kind set")
-            ts_us = event.ts_us
+            ts_us: int = ev[1]
             if ts_us < 0:
                 raise EventError("ts_us", f"must be >= 0, got {ts_us}")
             if ts_us > clock.now_us:  # (advance checks it too; most events share a time)
                 core.advance(ts_us)
-            handlers[kind](core, event, client, tenant)
-            events_seen[kind] += 1
+            if kind == ACCESSED:
+                _accessed(core, ev, tenant)
+            elif kind == UPDATED:
+                _intent_updated(core, ev, tenant)
+            elif kind == ALLOCATED:
+                _allocated(core, ev, client, tenant)
+            elif kind == RELEASED:
+                core.release(_own(_blocks(core, ev[2], ev[3], "released.block_ids"), tenant, "released.block_ids"))
+            elif kind == FREED:
+                _freed(core, ev, tenant)
+            elif kind == CLEARED:
+                _cleared(core, client)
+            else:
+                _acked(core, ev, tenant)
+            events_seen[KIND_NAMES[kind]] += 1
         except EventError as exc:
-            field = exc.field if kind is None or exc.field.startswith(kind) or exc.field == "ts_us" else f"{kind}.{exc.field}"
+            name = KIND_NAMES[kind]
+            field = exc.field if kind == NONE or exc.field.startswith(name) or exc.field == "ts_us" else f"{name}.{exc.field}"
             rejections.append(Rejection(index, field, exc.reason, exc.code))
+        index += 1
     core.stats.rejected_events += len(rejections)
     core.run_prefetch()
-    return BatchOutcome(core.take_directives(), rejections, len(batch.events) - len(rejections))
+    return BatchOutcome(core.take_directives(), rejections, index - len(rejections))
 
 
-def _non_negative(intent: pb.MemoryIntent, name: str) -> int | None:
-    if not intent.HasField(name):
-        return None
-    value: int = getattr(intent, name)
-    if value < 0:
+def _non_negative(value: int | None, name: str) -> int | None:
+    if value is not None and value < 0:
         raise EventError(f"allocated.intent.{name}", f"must be >= 0, got {value}")
     return value
 
 
-def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
-    """Validate a MemoryIntent and build the block it describes (not yet placed).
-
-    Every field is read once (a protobuf field read costs as much as several plain
-    attribute reads); the checks run in a fixed order, so the first bad field is named."""
-    block_id = intent.block_id
+def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
+    """Validate an ``allocated`` event's MemoryIntent (broker.wire's tuple) and build the
+    block it describes (not yet placed). The checks run in a fixed order, so the first bad
+    field is named."""
+    block_id: str = ev[A_BLOCK_ID]
     if not block_id:
         raise EventError("allocated.intent.block_id", "required, a non-empty string")
-    size = intent.size_bytes
+    size: int = ev[A_SIZE]
     if size <= 0:
         raise EventError("allocated.intent.size_bytes", "must be > 0")
-    phase = intent.phase
+    phase: int = ev[A_PHASE]
     if phase not in _PHASES:
         raise EventError("allocated.intent.phase", f"unknown enum value {phase}")
-    priority = intent.priority
+    priority: int = ev[A_PRIORITY]
     if priority not in _PRIORITIES:
         raise EventError("allocated.intent.priority", f"unknown enum value {priority}")
-    has = intent.HasField
-    deadline = _non_negative(intent, "deadline_us") if has("deadline_us") else None
-    slack = _non_negative(intent, "slack_us") if has("slack_us") else None
-    recompute_cost = _non_negative(intent, "recompute_cost_us") if has("recompute_cost_us") else None
-    spill_cost = _non_negative(intent, "spill_cost_us") if has("spill_cost_us") else None
-    request_priority = DEFAULT_REQUEST_PRIORITY
-    if has("request_priority"):
-        request_priority = intent.request_priority
-        if request_priority > 100:
-            raise EventError("allocated.intent.request_priority", f"must be in 0..100, got {request_priority}")
+    deadline = _non_negative(ev[A_DEADLINE], "deadline_us")
+    slack = _non_negative(ev[A_SLACK], "slack_us")
+    recompute_cost = _non_negative(ev[A_RECOMPUTE_COST], "recompute_cost_us")
+    spill_cost = _non_negative(ev[A_SPILL_COST], "spill_cost_us")
+    request_priority: int | None = ev[A_REQUEST_PRIORITY]
+    if request_priority is None:
+        request_priority = DEFAULT_REQUEST_PRIORITY
+    elif request_priority > 100:
+        raise EventError("allocated.intent.request_priority", f"must be in 0..100, got {request_priority}")
     # Block(block_id, size, ...) and then its fields, as one pass over its slots (every slot
     # is set here, once: test_apply_build checks it against Block's own constructor).
     block = _new_block(Block)
@@ -150,13 +214,13 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     block.owner = owner
     # Interned: every block of a request (and core.by_request's key) shares one string, not
     # a copy each (the memory benchmark counts ~60 bytes a block for the copies).
-    request_id = intent.request_id
+    request_id: str = ev[A_REQUEST_ID]
     block.request_id = _intern(request_id) if request_id else ""
-    tenant = intent.tenant
+    tenant: str = ev[A_TENANT]
     block.tenant = _intern(tenant) if tenant else ""
     block.size = size
     block.tier = DROPPED
-    block.pin_requested = intent.pin_requested
+    block.pin_requested = ev[A_PIN_REQUESTED]
     block.released = False
     block.refs = 1
     block.pinned = False
@@ -173,13 +237,13 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     block.recompute_cost_us = recompute_cost
     block.spill_cost_us = spill_cost
     block.request_priority = request_priority
-    block.is_draft = intent.is_draft
-    block.is_committed = intent.is_committed
-    block.reuse_window = intent.expected_reuse_window_tokens if has("expected_reuse_window_tokens") else None
-    block.recompute_ok = intent.recompute_ok
-    block.compression_ok = intent.compression_ok
-    block.prefetch_ok = intent.prefetch_ok
-    parent_id = intent.parent_block_id
+    block.is_draft = ev[A_IS_DRAFT]
+    block.is_committed = ev[A_IS_COMMITTED]
+    block.reuse_window = ev[A_REUSE_WINDOW]
+    block.recompute_ok = ev[A_RECOMPUTE_OK]
+    block.compression_ok = ev[A_COMPRESSION_OK]
+    block.prefetch_ok = ev[A_PREFETCH_OK]
+    parent_id: str = ev[A_PARENT_ID]
     if parent_id:
         parent = core.blocks.get(parent_id)
         if parent is not None:
@@ -193,13 +257,13 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     block.created_us = 0
     block.last_access_us = 0
     block.accesses = 0
-    block.layer = intent.layer
-    block.head_group = intent.head_group
-    block.token_start = intent.token_start
-    block.token_count = intent.token_count
+    block.layer = ev[A_LAYER]
+    block.head_group = ev[A_HEAD_GROUP]
+    block.token_start = ev[A_TOKEN_START]
+    block.token_count = ev[A_TOKEN_COUNT]
     block.heap_version = 0
     block.ready_us = 0
-    allowed = intent.allowed_tiers
+    allowed: tuple[str, ...] = ev[A_ALLOWED_TIERS]
     if allowed:
         mask = 0
         for i, name in enumerate(allowed):
@@ -208,22 +272,22 @@ def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     return block
 
 
-def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    alloc = event.allocated
-    intent = alloc.intent
-    if tenant and intent.tenant and intent.tenant != tenant:
+def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str) -> None:
+    intent_tenant: str = ev[A_TENANT]
+    if tenant and intent_tenant and intent_tenant != tenant:
         raise EventError("allocated.intent.tenant", "must be empty or the stream's tenant", "PERMISSION_DENIED")
-    block = block_from_intent(core, intent, client)
+    block = block_from_event(core, ev, client)
     if tenant:
         block.tenant = _intern(tenant)
     existing = core.blocks.get(block.block_id)
     if tenant and existing is not None and existing.tenant != tenant:
         raise EventError("allocated.intent.block_id", OTHER_TENANT, "PERMISSION_DENIED")
-    tier_name = alloc.tier
+    tier_name: str = ev[A_TIER]
     t = core.resolve_tier(tier_name, "allocated.tier", empty=0) if tier_name else 0
+    reuse: bool = ev[A_REUSE]
     counts = tenant_counts(core)
     if counts is None:
-        core.allocate(block, t, reuse=alloc.reuse)
+        core.allocate(block, t, reuse=reuse)
         return
     # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
     before = None if existing is None else existing.tenant
@@ -231,7 +295,7 @@ def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
         refusal = tenant_full(counts, block.tenant, core.config.max_blocks_per_tenant)
         if refusal is not None:
             raise EventError("allocated.intent.tenant", refusal, "RESOURCE_EXHAUSTED")
-    core.allocate(block, t, reuse=alloc.reuse)
+    core.allocate(block, t, reuse=reuse)
     after = core.blocks[block.block_id].tenant
     if before != after:
         if before is not None:
@@ -239,23 +303,21 @@ def _allocated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
         count_block(counts, after, 1)
 
 
-def _blocks(core: Core, ids: Iterable[str], field: str) -> list[Block]:
+def _blocks(core: Core, found: list[Block] | None, ids: list[str] | None, field: str) -> list[Block]:
+    """The blocks an event names: as the reader found them, or, when one is unknown (or
+    none is named), the error naming the first bad id."""
+    if found is not None:
+        return found
+    assert ids is not None
     blocks = core.blocks
-    found = list(map(blocks.get, ids))
-    if found and None not in found:
-        return found  # type: ignore[return-value]
-    # Slow path, to name the first bad id.
-    out: list[Block] = []
     for i, block_id in enumerate(ids):
-        block = blocks.get(block_id)
-        if block is None:
+        if block_id not in blocks:
             if not block_id:
                 raise EventError(f"{field}[{i}]", "required, a non-empty string")
             raise EventError(f"{field}[{i}]", f"unknown block {block_id!r}", "FAILED_PRECONDITION")
-        out.append(block)
-    if not out:
+    if not ids:
         raise EventError(field, "empty: name at least one block")
-    return out
+    return [blocks[block_id] for block_id in ids]
 
 
 def _own(blocks: list[Block], tenant: str, field: str) -> list[Block]:
@@ -267,77 +329,74 @@ def _own(blocks: list[Block], tenant: str, field: str) -> list[Block]:
     return blocks
 
 
-def _accessed(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    accessed = event.accessed
-    next_use: int | None = None
-    if accessed.HasField("next_use_us"):
-        next_use = accessed.next_use_us
-        if next_use < 0:
-            raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
-    blocks = _blocks(core, accessed.block_ids, "accessed.block_ids")
+def _accessed(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+    next_use: int | None = ev[2]
+    if next_use is not None and next_use < 0:
+        raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
+    blocks = _blocks(core, ev[3], ev[4], "accessed.block_ids")
     core.access(_own(blocks, tenant, "accessed.block_ids") if tenant else blocks, next_use)
 
 
-def _intent_updated(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    upd = event.intent_updated
-    if not upd.block_id:
+def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+    block_id: str = ev[U_BLOCK_ID]
+    if not block_id:
         raise EventError("intent_updated.block_id", "required, a non-empty string")
-    block = core.known(upd.block_id, "intent_updated.block_id")
+    block = core.known(block_id, "intent_updated.block_id")
     if tenant and block.tenant != tenant:
         raise EventError("intent_updated.block_id", OTHER_TENANT, "PERMISSION_DENIED")
-    phase = upd.phase if upd.HasField("phase") else None
+    phase: int | None = ev[U_PHASE]
     if phase is not None and phase not in _PHASES:
         raise EventError("intent_updated.phase", f"unknown enum value {phase}")
-    priority = upd.priority if upd.HasField("priority") else None
+    priority: int | None = ev[U_PRIORITY]
     if priority is not None and priority not in _PRIORITIES:
         raise EventError("intent_updated.priority", f"unknown enum value {priority}")
-    for name in ("deadline_us", "slack_us", "recompute_cost_us"):
-        if upd.HasField(name) and getattr(upd, name) < 0:
-            raise EventError(f"intent_updated.{name}", f"must be >= 0, got {getattr(upd, name)}")
-    if upd.HasField("request_priority") and upd.request_priority > 100:
-        raise EventError("intent_updated.request_priority", f"must be in 0..100, got {upd.request_priority}")
-    core.update(block, _updater(upd, phase, priority, core.ablate_intent))
-
-
-def _updater(upd: pb.IntentUpdated, phase: int | None, priority: int | None, ablate: bool) -> Callable[[Block], None]:
-    def apply(block: Block) -> None:
+    deadline: int | None = ev[U_DEADLINE]
+    slack: int | None = ev[U_SLACK]
+    recompute_cost: int | None = ev[U_RECOMPUTE_COST]
+    for name, value in (("deadline_us", deadline), ("slack_us", slack), ("recompute_cost_us", recompute_cost)):
+        if value is not None and value < 0:
+            raise EventError(f"intent_updated.{name}", f"must be >= 0, got {value}")
+    request_priority: int | None = ev[U_REQUEST_PRIORITY]
+    if request_priority is not None and request_priority > 100:
+        raise EventError("intent_updated.request_priority", f"must be in 0..100, got {request_priority}")
+    was_pinned = block.pinned
+    old_deadline = block.deadline_us
+    if priority is not None:
+        block.critical = priority == _DC
+    if ev[U_CLEAR_DEADLINE]:
+        block.due_us = None
+    elif deadline is not None:
+        block.due_us = deadline
+    if slack is not None:
+        block.slack_us = slack
+    if not core.ablate_intent:
+        if phase is not None:
+            block.phase = phase
         if priority is not None:
-            block.critical = priority == _DC
-        if upd.clear_deadline:
-            block.due_us = None
-        elif upd.HasField("deadline_us"):
-            block.due_us = upd.deadline_us
-        if upd.HasField("slack_us"):
-            block.slack_us = upd.slack_us
-        if not ablate:
-            if phase is not None:
-                block.phase = phase
-            if priority is not None:
-                block.priority = priority
-            block.deadline_us = block.due_us
-        if upd.HasField("recompute_cost_us"):
-            block.recompute_cost_us = upd.recompute_cost_us
-        if upd.HasField("pin_requested"):
-            # A released block stays unpinned: only a referenced block can be pinned.
-            block.pin_requested = upd.pin_requested
-        if upd.HasField("is_committed"):
-            block.is_committed = upd.is_committed
-        if upd.HasField("is_draft"):
-            block.is_draft = upd.is_draft
-        if upd.HasField("expected_reuse_window_tokens"):
-            block.reuse_window = upd.expected_reuse_window_tokens
-        if upd.HasField("request_priority"):
-            block.request_priority = upd.request_priority
-
-    return apply
+            block.priority = priority
+        block.deadline_us = block.due_us
+    if recompute_cost is not None:
+        block.recompute_cost_us = recompute_cost
+    pin_requested: bool | None = ev[U_PIN_REQUESTED]
+    if pin_requested is not None:
+        # A released block stays unpinned: only a referenced block can be pinned.
+        block.pin_requested = pin_requested
+    is_committed: bool | None = ev[U_IS_COMMITTED]
+    if is_committed is not None:
+        block.is_committed = is_committed
+    is_draft: bool | None = ev[U_IS_DRAFT]
+    if is_draft is not None:
+        block.is_draft = is_draft
+    reuse_window: int | None = ev[U_REUSE_WINDOW]
+    if reuse_window is not None:
+        block.reuse_window = reuse_window
+    if request_priority is not None:
+        block.request_priority = request_priority
+    core.updated(block, was_pinned, old_deadline)
 
 
-def _released(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    core.release(_own(_blocks(core, event.released.block_ids, "released.block_ids"), tenant, "released.block_ids"))
-
-
-def _freed(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    blocks = _own(_blocks(core, event.freed.block_ids, "freed.block_ids"), tenant, "freed.block_ids")
+def _freed(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+    blocks = _own(_blocks(core, ev[2], ev[3], "freed.block_ids"), tenant, "freed.block_ids")
     counts = tenant_counts(core)
     core.free(blocks)
     if counts is not None:
@@ -350,7 +409,7 @@ def _uncount(counts: dict[str, int], blocks: list[Block]) -> None:
         count_block(counts, block.tenant, -1)
 
 
-def _cleared(core: Core, event: pb.Event, client: str, tenant: str) -> None:
+def _cleared(core: Core, client: str) -> None:
     # Only the client's own blocks go, and a tenant's client ids are its own (client_key).
     counts = tenant_counts(core)
     gone = core.clear(client)
@@ -358,28 +417,18 @@ def _cleared(core: Core, event: pb.Event, client: str, tenant: str) -> None:
         _uncount(counts, gone)
 
 
-def _acked(core: Core, event: pb.Event, client: str, tenant: str) -> None:
-    ack = event.acked
+def _acked(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+    directive_id: int = ev[2]
+    status: int = ev[3]
     if tenant:
-        block_id = core.outstanding.get(ack.directive_id)
+        block_id = core.outstanding.get(directive_id)
         block = core.blocks.get(block_id) if block_id is not None else None
         if block is not None and block.tenant != tenant:
             raise EventError("acked.directive_id", "the directive is for a block of another tenant", "PERMISSION_DENIED")
-    if ack.status == _ACK_DONE:
-        core.ack(ack.directive_id, True, DROPPED)
-    elif ack.status == _ACK_FAILED:
-        actual = core.resolve_tier(ack.actual_tier, "acked.actual_tier", empty=DROPPED)
-        core.ack(ack.directive_id, False, actual)
+    if status == _ACK_DONE:
+        core.ack(directive_id, True, DROPPED)
+    elif status == _ACK_FAILED:
+        actual = core.resolve_tier(ev[4], "acked.actual_tier", empty=DROPPED)
+        core.ack(directive_id, False, actual)
     else:
-        raise EventError("acked.status", f"must be ACK_STATUS_DONE or ACK_STATUS_FAILED, got {ack.status}")
-
-
-_HANDLERS: dict[str, Callable[[Core, pb.Event, str, str], None]] = {
-    "allocated": _allocated,
-    "accessed": _accessed,
-    "intent_updated": _intent_updated,
-    "released": _released,
-    "freed": _freed,
-    "cleared": _cleared,
-    "acked": _acked,
-}
+        raise EventError("acked.status", f"must be ACK_STATUS_DONE or ACK_STATUS_FAILED, got {status}")

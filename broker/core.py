@@ -536,11 +536,11 @@ class Core:
                     if not ablate:
                         block.deadline_us = next_use_us
             else:
-                # update() (with _repin, _intent_changed, _deadline_moved) for each block,
+                # updated() (with _repin, _intent_changed, _deadline_moved) for each block,
                 # written out: a decode step re-deadlines every block of its request, and the
                 # calls cost deadline_edf's decode-mode replay about 15% (73k -> 62k events/s;
                 # compiled, still about 10%: 65-78k against 61-68k, runs alternating on
-                # 2026-11-23). It must change with update().
+                # 2026-11-23). It must change with updated().
                 tiers = self.tiers
                 prefetching = self._prefetching
                 for block in blocks:
@@ -623,11 +623,9 @@ class Core:
             if now + latency > (due if due > now else now) + (block.slack_us or 0):
                 stats.deadline_misses += 1
 
-    def update(self, block: Block, apply: Callable[[Block], None]) -> None:
-        """Intent changed: ``apply`` sets the new fields; pins and policy order follow."""
-        was_pinned = block.pinned
-        old_deadline = block.deadline_us
-        apply(block)
+    def updated(self, block: Block, was_pinned: bool, old_deadline: int | None) -> None:
+        """Intent changed: the caller has set the new fields (``was_pinned`` and
+        ``old_deadline`` are what the block had before); pins and policy order follow."""
         if not self._repin(block, was_pinned):
             self._intent_changed(block)
         self._deadline_moved(block, old_deadline)

@@ -30,6 +30,16 @@ COMPILED_MODULES = (
     "policies.structures",
 )
 
+# Hand-written C extensions, by module: their source (setup.py builds them beside the
+# group; the same record and staleness check cover them).
+C_EXTENSIONS = {
+    # The native reader of IntentBatch bytes (broker/wire.py says why).
+    "broker._wire": "broker/_wire.c",
+}
+
+# Everything setup.py builds, by module.
+BUILT_MODULES = (*COMPILED_MODULES, *C_EXTENSIONS)
+
 # The mypyc runtime and code shared by the compiled modules: one top-level extension module
 # (mypyc derives each module's __file__ from its place, so it must sit above the packages).
 GROUP = "kvbroker_native"
@@ -46,7 +56,10 @@ PURE_ENV = "KVBROKER_PURE_PYTHON"
 
 
 def source(module: str, root: Path | None = None) -> Path:
-    return (root or ROOT).joinpath(*module.split(".")).with_suffix(".py")
+    root = root or ROOT
+    if module in C_EXTENSIONS:
+        return root / C_EXTENSIONS[module]
+    return root.joinpath(*module.split(".")).with_suffix(".py")
 
 
 def extensions(module: str, root: Path | None = None) -> list[Path]:
@@ -62,14 +75,14 @@ def digest(path: Path) -> str:
 def write_manifest(root: Path | None = None) -> None:
     """Record the sources being compiled (setup.py, before it compiles them)."""
     root = root or ROOT
-    sources = {module: digest(source(module, root)) for module in COMPILED_MODULES}
+    sources = {module: digest(source(module, root)) for module in BUILT_MODULES}
     root.joinpath(MANIFEST).write_text(json.dumps({"sources": sources}, indent=2, sort_keys=True) + "\n")
 
 
 def remove_build(root: Path | None = None) -> list[Path]:
     """Delete the compiled files and the manifest (setup.py, for a pure Python install)."""
     root = root or ROOT
-    gone = [p for module in (*COMPILED_MODULES, GROUP + "__mypyc") for p in extensions(module, root)]
+    gone = [p for module in (*BUILT_MODULES, GROUP + "__mypyc") for p in extensions(module, root)]
     manifest = root.joinpath(MANIFEST)
     if manifest.exists():
         gone.append(manifest)
@@ -79,8 +92,8 @@ def remove_build(root: Path | None = None) -> list[Path]:
 
 
 def compiled(root: Path | None = None) -> list[str]:
-    """The modules of COMPILED_MODULES that have a compiled file beside their source."""
-    return [module for module in COMPILED_MODULES if extensions(module, root)]
+    """The modules of BUILT_MODULES that have a compiled file beside their source."""
+    return [module for module in BUILT_MODULES if extensions(module, root)]
 
 
 def stale(root: Path | None = None) -> list[str]:

@@ -22,6 +22,7 @@ from broker.journal import JournalSource
 from broker.journal.records import JournalRecord, RecordKind
 from broker.service import directive_to_pb
 from broker.stats import merged
+from broker.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, read_batch
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from policies.registry import policy_class
@@ -87,18 +88,20 @@ def journal_config(source: JournalSource) -> CoreConfig | None:
 
 
 BatchSource = Callable[[], Iterable[tuple[int, Any]]]
-"""A re-iterable stream of (config generation, IntentBatch) from a journal or an imported
-trace; a journal's later config changes come in place as (generation, CoreConfig)."""
+"""A re-iterable stream of (config generation, batch) from a journal or an imported trace;
+a batch is an IntentBatch, its serialized bytes or a ``broker.wire`` reader of them. A
+journal's later config changes come in place as (generation, CoreConfig)."""
 
 
 def journal_batches(source: JournalSource) -> BatchSource:
-    """The journal's batches, with its later config changes in place (CoreConfig items)."""
+    """The journal's batches as the broker journaled them (bytes, read by ``broker.wire``:
+    no protobuf message is built), with its later config changes in place (CoreConfig items)."""
 
-    def items() -> Iterator[tuple[int, pb.IntentBatch | CoreConfig]]:
+    def items() -> Iterator[tuple[int, bytes | CoreConfig]]:
         first = True
         for r in source.ordered():
             if r.kind == RecordKind.BATCH:
-                yield r.generation, pb.IntentBatch.FromString(r.payload)
+                yield r.generation, r.payload
             elif first:
                 first = False  # the starting config: the caller's base
             else:
@@ -116,17 +119,23 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
     uses: dict[str, list[int]] = {}
     ordinal = -1
     for _, batch in batches():
-        if not isinstance(batch, pb.IntentBatch):
+        if isinstance(batch, CoreConfig):
             continue
-        for event in batch.events:
+        for event in as_reader(batch).events():
             ordinal += 1
-            kind = event.WhichOneof("kind")
-            if kind == "accessed":
-                for block_id in event.accessed.block_ids:
+            kind = event[0]
+            if kind == ACCESSED:
+                for block_id in event[4]:  # without a block dict, the ids
                     uses.setdefault(block_id, []).append(ordinal)
-            elif kind == "allocated":
-                uses.setdefault(event.allocated.intent.block_id, []).append(ordinal)
+            elif kind == ALLOCATED:
+                uses.setdefault(event[A_BLOCK_ID], []).append(ordinal)
     return uses
+
+
+def as_reader(batch: BatchReader | pb.IntentBatch | bytes) -> BatchReader:
+    """A batch of a BatchSource, read (a reader is read once per policy run: each run
+    reads its events again from the one scan)."""
+    return read_batch(batch) if isinstance(batch, (bytes, pb.IntentBatch)) else batch
 
 
 def replay(
@@ -164,11 +173,12 @@ def replay(
         if isinstance(batch, CoreConfig):
             driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
             continue
+        batch = as_reader(batch)
         core = driving.core_for(batch.client_id)
         core.generation = generation
         outcome = apply_batch(core, batch)
         n_batches += 1
-        n_events += len(batch.events)
+        n_events += batch.count
         n_directives += len(outcome.directives)
         if sink is not None:
             sink.extend(outcome.directives)

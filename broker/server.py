@@ -38,9 +38,9 @@ from broker.security import (
     tenant_field,
 )
 from broker.service import BrokerService, VersionError
+from broker.wire import BatchReader, read_batch
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
-from kvbroker.v1 import intent_pb2 as pb
 
 log = logging.getLogger("kvbroker.server")
 
@@ -95,7 +95,20 @@ def _varint(raw: bytes, pos: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
-def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: pb.IntentBatch | None = None) -> dpb.DirectiveBatch:
+def sole_batch(raw: bytes) -> bytes | None:
+    """The IntentBatch of a StreamRequest that holds it and nothing else (field 2, what
+    every client sends), without parsing it: the batch is read once, by broker.wire. None
+    for any other shape (a hello, extra or repeated fields, a malformed message)."""
+    if not raw or raw[0] != 0x12:  # field 2, length-delimited
+        return None
+    try:
+        length, pos = _varint(raw, 1)
+    except IndexError:
+        return None
+    return raw[pos:] if pos + length == len(raw) else None
+
+
+def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> dpb.DirectiveBatch:
     out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
     if batch is not None:
         out.client_id = batch.client_id
@@ -196,31 +209,39 @@ class BrokerServicer:
             reader.cancel()
 
     def _accept_streamed(self, raw: bytes, client_id: str, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
+        payload = sole_batch(raw)
+        if payload is None:  # not the shape clients send: protobuf says what it is
+            try:
+                request = spb.StreamRequest.FromString(raw)
+            except DecodeError as exc:
+                return _batch_error("batch", f"malformed StreamRequest: {exc}"), 0
+            if request.WhichOneof("kind") != "batch":
+                return _batch_error("hello", "hello already received on this stream; send batches"), 0
+            payload = field_slice(raw, 2)
+            if payload is None:
+                payload = request.batch.SerializeToString()
         try:
-            request = spb.StreamRequest.FromString(raw)
+            batch = read_batch(payload)
         except DecodeError as exc:
             return _batch_error("batch", f"malformed StreamRequest: {exc}"), 0
-        if request.WhichOneof("kind") != "batch":
-            return _batch_error("hello", "hello already received on this stream; send batches"), 0
-        batch = request.batch
         if batch.client_id != client_id:
             mismatch = f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}"
             return _batch_error("client_id", mismatch, batch=batch), 0
-        payload = field_slice(raw, 2)
-        return self._accept(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+        return self._accept(batch, payload, tenant)
 
-    def _accept(self, batch: pb.IntentBatch, payload: bytes, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
+    def _accept(self, batch: BatchReader, payload: bytes, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
         """Limits and the tenant, then the service: a refused batch is not applied or
-        journaled. Returns the answer and the journal ordinal it must wait for (0: none)."""
-        refusal = events_refusal(len(batch.events), self.service.config.limits)
+        journaled. ``batch`` is ``payload`` read (broker.wire). Returns the answer and the
+        journal ordinal it must wait for (0: none)."""
+        refusal = events_refusal(batch.count, self.service.config.limits)
         if refusal is not None:
             return _batch_error("events", refusal, batch=batch), 0
         if tenant and batch.tenant != tenant:
             if batch.tenant:
                 wrong = f"{batch.tenant!r} is not the stream's tenant (leave it empty)"
                 return _batch_error("tenant", wrong, "PERMISSION_DENIED", batch), 0
-            batch.tenant = tenant
             payload += tenant_field(tenant)  # journaled with the batch: replay checks the same tenant
+            batch = read_batch(payload)
         refusal = self.service.journal.refusal(len(payload))
         if refusal is not None:  # Redis down and the spool full (journal.spool_full = "refuse")
             return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
@@ -236,11 +257,12 @@ class BrokerServicer:
             self.service.hello(request.hello, tenant)
         except VersionError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        batch = request.batch
-        if batch.client_id != request.hello.client_id:
+        if request.batch.client_id != request.hello.client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "batch.client_id: must equal hello.client_id")
         payload = field_slice(raw, 2)
-        result, ordinal = self._accept(batch, payload if payload is not None else batch.SerializeToString(), tenant)
+        if payload is None:
+            payload = request.batch.SerializeToString()
+        result, ordinal = self._accept(read_batch(payload), payload, tenant)
         if ordinal:
             await self.service.journal.durable(ordinal)
         return spb.SubmitResponse(directives=result)

@@ -27,6 +27,7 @@ from broker.config import (
 from broker.core import Core, Directive
 from broker.journal import Journal, JournalRecord, RecordKind
 from broker.stats import CoreStats
+from broker.wire import BatchReader, read_batch
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -70,7 +71,7 @@ def directive_to_pb(d: Directive) -> dpb.Directive:
     )
 
 
-def outcome_to_pb(batch: pb.IntentBatch, outcome: BatchOutcome, generation: int) -> dpb.DirectiveBatch:
+def outcome_to_pb(batch: BatchReader | pb.IntentBatch, outcome: BatchOutcome, generation: int) -> dpb.DirectiveBatch:
     return dpb.DirectiveBatch(
         client_id=batch.client_id,
         batch_seq=batch.batch_seq,
@@ -130,7 +131,7 @@ class BrokerService:
             if record.kind == RecordKind.CONFIG:
                 self._follow(core_from_json(record.payload.decode()), record.generation)
                 continue
-            batch = pb.IntentBatch.FromString(record.payload)
+            batch = read_batch(record.payload)
             core = self.core_for(batch.client_id)
             core.generation = record.generation
             apply_batch(core, batch)
@@ -270,11 +271,11 @@ class BrokerService:
             config_generation=self.generation,
         )
 
-    def submit(self, batch: pb.IntentBatch, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
-        """Apply one batch and journal it (as received) when it was applied. Returns the
-        answer and the journal ordinal to wait for (``journal.durable``) before it may
-        leave: the batch's last record when ack_after = "journal" and it was applied, else
-        0 (answer at once)."""
+    def submit(self, batch: BatchReader, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
+        """Apply one batch (``raw`` read by ``broker.wire.read_batch``) and journal ``raw``
+        when it was applied. Returns the answer and the journal ordinal to wait for
+        (``journal.durable``) before it may leave: the batch's last record when ack_after =
+        "journal" and it was applied, else 0 (answer at once)."""
         outcome = apply_batch(self.core_for(batch.client_id), batch)
         for shadow in self.shadows.values():
             apply_batch(shadow, batch)

@@ -1,4 +1,4 @@
-"""``block_from_intent`` builds its Block slot by slot (a hot path); this checks it against
+"""``block_from_event`` builds its Block slot by slot (a hot path); this checks it against
 the straightforward build through ``Block``'s own constructor, on random intents, slot for
 slot, and that it sets every slot (a slot added to Block and forgotten here fails)."""
 
@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from broker.apply import block_from_intent
+from broker.apply import block_from_event
 from broker.core import Core, EventError
+from broker.wire import event_tuple
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import Block
 from tests.conftest import small_config
@@ -21,6 +22,11 @@ def block_fields() -> tuple[str, ...]:
     fields: tuple[str, ...] = getattr(Block, "__slots__", None) or Block.__mypyc_attrs__  # type: ignore[attr-defined]
     assert "block_id" in fields and "ready_us" in fields
     return fields
+
+
+def block_from_intent(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
+    """The block an ``allocated`` event with this intent builds (as apply reads it)."""
+    return block_from_event(core, event_tuple(pb.Event(allocated=pb.BlockAllocated(intent=intent)), None), owner)
 
 
 def reference(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:

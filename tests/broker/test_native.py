@@ -17,10 +17,10 @@ SUFFIX = EXTENSION_SUFFIXES[0]
 def fake_tree(root: Path, *, compiled: bool = True, manifest: bool = True) -> Path:
     """Sources of every compiled module under ``root``, with a stand-in compiled file
     beside each (and the shared one at the top) and the build's record, as setup.py leaves them."""
-    for module in native.COMPILED_MODULES:
+    for module in native.BUILT_MODULES:
         path = native.source(module, root)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f'"""{module}"""\n')
+        path.write_text(f'"""{module}"""\n' if path.suffix == ".py" else f"/* {module} */\n")
         if compiled:
             path.with_name(path.stem + SUFFIX).write_bytes(b"\x7fELF")
     if compiled:
@@ -32,7 +32,7 @@ def fake_tree(root: Path, *, compiled: bool = True, manifest: bool = True) -> Pa
 
 def test_a_fresh_build_is_not_stale(tmp_path: Path) -> None:
     root = fake_tree(tmp_path)
-    assert native.compiled(root) == list(native.COMPILED_MODULES)
+    assert native.compiled(root) == list(native.BUILT_MODULES)
     assert native.stale(root) == []
     assert native.stale_message(root) is None
     assert native.suite_problem(root, pure=False) is None
@@ -55,7 +55,7 @@ def test_an_edited_source_is_named_with_the_command_that_rebuilds(tmp_path: Path
 def test_compiled_files_no_build_recorded_are_all_stale(tmp_path: Path) -> None:
     """E.g. a hand-run ``mypyc broker/core.py``: nothing says which sources it saw."""
     root = fake_tree(tmp_path, manifest=False)
-    assert native.stale(root) == [str(native.source(m, root).relative_to(root)) for m in native.COMPILED_MODULES]
+    assert native.stale(root) == [str(native.source(m, root).relative_to(root)) for m in native.BUILT_MODULES]
 
 
 def test_a_pure_install_is_never_stale_and_a_pure_run_refuses_compiled_modules(tmp_path: Path) -> None:
@@ -70,9 +70,9 @@ def test_a_pure_install_is_never_stale_and_a_pure_run_refuses_compiled_modules(t
 def test_remove_build_leaves_the_sources_only(tmp_path: Path) -> None:
     root = fake_tree(tmp_path)
     gone = native.remove_build(root)
-    assert len(gone) == len(native.COMPILED_MODULES) + 2  # the modules, the shared one, the record
+    assert len(gone) == len(native.BUILT_MODULES) + 2  # the modules, the shared one, the record
     assert native.compiled(root) == [] and not root.joinpath(native.MANIFEST).exists()
-    assert all(native.source(m, root).exists() for m in native.COMPILED_MODULES)
+    assert all(native.source(m, root).exists() for m in native.BUILT_MODULES)
 
 
 def test_the_cli_warns_when_a_compiled_module_is_stale(
@@ -93,7 +93,7 @@ def test_this_install_imports_what_the_guard_checks() -> None:
     """The modules the guard takes for compiled are the ones Python imported compiled (and
     the conftest let this run, so none of them is stale)."""
     compiled = set(native.compiled())
-    for module in native.COMPILED_MODULES:
+    for module in native.BUILT_MODULES:
         __import__(module)
         loaded = sys.modules[module].__file__ or ""
         assert loaded.endswith(SUFFIX) == (module in compiled), (module, loaded)

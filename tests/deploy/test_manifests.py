@@ -239,13 +239,13 @@ def test_dockerfile_copies_exist_and_are_enough_to_build_the_package(tmp_path: P
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
         manifest = json.loads(zf.read(native.MANIFEST)) if native.MANIFEST in names else None
-        sources = {module: hashlib.sha256(zf.read(str(native.source(module, Path())))).hexdigest() for module in native.COMPILED_MODULES}
+        sources = {module: hashlib.sha256(zf.read(str(native.source(module, Path())))).hexdigest() for module in native.BUILT_MODULES}
     assert {"broker/health_probe.py", "broker/health.py", "broker/telemetry.py", "kvbroker/v1/broker_service_pb2.py"} <= names
     assert "kvbroker = broker.cli:main" in entry_points
     # The image runs the hot path compiled (setup.py), unless this run is the pure Python one.
     compiled = {n.split(".")[0].replace("/", ".") for n in names if n.endswith(".so")}
     if os.environ.get(native.PURE_ENV, "") in ("", "0"):
-        assert compiled == {*native.COMPILED_MODULES, native.GROUP + "__mypyc"}
+        assert compiled == {*native.BUILT_MODULES, native.GROUP + "__mypyc"}
         # The build record ships with them and matches the shipped sources: an installed
         # image does not report its own compiled modules as stale.
         assert manifest == {"sources": sources}
