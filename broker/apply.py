@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, Final
 
 from broker.core import Core, Directive, EventError
 from broker.limits import count_block, tenant_counts, tenant_full
@@ -75,12 +75,13 @@ from kvbroker.v1 import intent_pb2 as pb
 from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority
 
 # An empty Block, every slot set below (Block.__new__ is object.__new__ when interpreted).
-_new_block = Block.__new__
-_PHASES = frozenset(pb.Phase.values())
-_PRIORITIES = frozenset(pb.Priority.values())
-_ACK_DONE = pb.ACK_STATUS_DONE
-_ACK_FAILED = pb.ACK_STATUS_FAILED
-_DC = pb.PRIORITY_DECODE_CRITICAL
+# Final: compiled, a module constant is a C static, not a lookup in the module's globals.
+_new_block: Final = Block.__new__
+_PHASES: Final = frozenset(pb.Phase.values())
+_PRIORITIES: Final = frozenset(pb.Priority.values())
+_ACK_DONE: Final = int(pb.ACK_STATUS_DONE)
+_ACK_FAILED: Final = int(pb.ACK_STATUS_FAILED)
+_DC: Final = int(pb.PRIORITY_DECODE_CRITICAL)
 
 
 @dataclasses.dataclass(slots=True)
@@ -101,8 +102,8 @@ class BatchOutcome:
     applied: bool = True
 
 
-OTHER_TENANT = "the block belongs to another tenant"
-_intern = sys.intern
+OTHER_TENANT: Final = "the block belongs to another tenant"
+_intern: Final = sys.intern
 
 
 def client_key(tenant: str, client_id: str) -> str:

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -25,7 +26,7 @@ from broker.stats import CoreStats
 from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, Priority, TierInfo, wants_pin
 from policies.registry import make_params, policy_class
 
-_DECODE_CRITICAL = int(Priority.DECODE_CRITICAL)
+_DECODE_CRITICAL: Final = int(Priority.DECODE_CRITICAL)
 
 
 class DirectiveKind(IntEnum):
@@ -37,7 +38,7 @@ class DirectiveKind(IntEnum):
     PREFETCH = 4
 
 
-_KIND_NAMES = {kind: kind.name.lower() for kind in DirectiveKind}
+_KIND_NAMES: Final = {kind: kind.name.lower() for kind in DirectiveKind}
 
 
 class EventError(Exception):

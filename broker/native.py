@@ -23,6 +23,7 @@ from pathlib import Path
 COMPILED_MODULES = (
     "broker.apply",
     "broker.core",
+    "broker.stats",
     "policies.base",
     "policies.deadline_edf",
     "policies.lru",

@@ -134,7 +134,9 @@ class BrokerServicer:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             raise  # not reached: abort raises
 
-    async def Stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[spb.StreamResponse]:
+    async def Stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[spb.StreamResponse | dpb.DirectiveBatch]:
         service = self.service
         first = await anext(aiter(requests), None)
         if first is None:
@@ -160,7 +162,7 @@ class BrokerServicer:
             service.streams += 1
             try:
                 async for answer in self._answers(requests, client_id, tenant):
-                    yield spb.StreamResponse(directives=answer)
+                    yield answer  # a StreamResponse's directives (stream_response_bytes)
             finally:
                 service.streams -= 1
         finally:
@@ -247,7 +249,7 @@ class BrokerServicer:
             return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
         return self.service.submit(batch, payload)
 
-    async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> spb.SubmitResponse:
+    async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> dpb.DirectiveBatch:
         try:
             request = spb.SubmitRequest.FromString(raw)
         except DecodeError as exc:
@@ -265,7 +267,7 @@ class BrokerServicer:
         result, ordinal = self._accept(read_batch(payload), payload, tenant)
         if ordinal:
             await self.service.journal.durable(ordinal)
-        return spb.SubmitResponse(directives=result)
+        return result  # a SubmitResponse's directives (submit_response_bytes)
 
     async def GetResidency(self, request: spb.GetResidencyRequest, context: grpc.aio.ServicerContext) -> spb.GetResidencyResponse:
         tenant = query_tenant(self._identity(context))
@@ -287,14 +289,39 @@ class BrokerServicer:
         return self.service.get_config()
 
 
+def _length_delimited(tag: bytes, body: bytes) -> bytes:
+    """One length-delimited field (``tag`` is its key byte) holding ``body``."""
+    size = len(body)
+    head = bytearray(tag)
+    while size > 0x7F:
+        head.append((size & 0x7F) | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + body
+
+
+def stream_response_bytes(message: spb.StreamResponse | dpb.DirectiveBatch) -> bytes:
+    """A StreamResponse on the wire. An answer is its DirectiveBatch, wrapped here as field 2
+    (``directives``) around the batch's own bytes: building a StreamResponse around it would
+    copy every directive once more."""
+    if isinstance(message, dpb.DirectiveBatch):
+        return _length_delimited(b"\x12", message.SerializeToString())
+    return message.SerializeToString()
+
+
+def submit_response_bytes(message: dpb.DirectiveBatch) -> bytes:
+    """A SubmitResponse on the wire: its one field (1, ``directives``) around the answer."""
+    return _length_delimited(b"\x0a", message.SerializeToString())
+
+
 def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
     """Register the service; Stream and Submit take raw bytes (journaled as received)."""
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(
-            servicer.Stream, request_deserializer=None, response_serializer=spb.StreamResponse.SerializeToString
+            servicer.Stream, request_deserializer=None, response_serializer=stream_response_bytes
         ),
         "Submit": grpc.unary_unary_rpc_method_handler(
-            servicer.Submit, request_deserializer=None, response_serializer=spb.SubmitResponse.SerializeToString
+            servicer.Submit, request_deserializer=None, response_serializer=submit_response_bytes
         ),
         "GetResidency": grpc.unary_unary_rpc_method_handler(
             servicer.GetResidency,

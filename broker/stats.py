@@ -2,43 +2,53 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+from mypy_extensions import mypyc_attr
 
 DIRECTIVE_KINDS = ("evict", "demote", "promote", "prefetch")
 EVENT_KINDS = ("allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
 
 
+# Every counter of CoreStats (merged() walks them; a compiled class has no __slots__ to read).
+FIELDS: Final = (
+    "accesses_by_tier",
+    "acks_done",
+    "acks_failed",
+    "allocated_bytes",
+    "batches",
+    "bytes_down",
+    "bytes_up",
+    "dc_accesses",
+    "dc_misses",
+    "demotions",
+    "directives",
+    "duplicate_batches",
+    "events",
+    "evictions",
+    "overcommits",
+    "latency_hist",
+    "latency_total_us",
+    "deadline_accesses",
+    "deadline_misses",
+    "prefetches",
+    "recomputes",
+    "rejected_events",
+    "reuses",
+    "prompt_blocks",
+    "prefix_hits_top",
+    "prefix_hits_any",
+)
+
+
+# Compiled (broker/native.py): the core bumps these counters a dozen times per event, and
+# on an interpreted class each bump was a generic getattr plus setattr (measured: 15 per
+# allocation of a prompt-only replay). Copyable when compiled: see policies.base.Block.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CoreStats:
     """Plain counters, updated in place on the hot path."""
 
-    __slots__ = (
-        "accesses_by_tier",
-        "acks_done",
-        "acks_failed",
-        "allocated_bytes",
-        "batches",
-        "bytes_down",
-        "bytes_up",
-        "dc_accesses",
-        "dc_misses",
-        "demotions",
-        "directives",
-        "duplicate_batches",
-        "events",
-        "evictions",
-        "overcommits",
-        "latency_hist",
-        "latency_total_us",
-        "deadline_accesses",
-        "deadline_misses",
-        "prefetches",
-        "recomputes",
-        "rejected_events",
-        "reuses",
-        "prompt_blocks",
-        "prefix_hits_top",
-        "prefix_hits_any",
-    )
+    __slots__ = FIELDS
 
     def __init__(self, tiers: int) -> None:
         # One slot per tier, plus a last one for accesses to dropped blocks, so that the
@@ -165,7 +175,7 @@ class CoreStats:
 def merged(parts: list[CoreStats]) -> CoreStats:
     """The counters of several cores as one (a split's arms together are the broker)."""
     out = CoreStats(len(parts[0].accesses_by_tier) - 1)
-    for name in CoreStats.__slots__:
+    for name in FIELDS:
         total: Any = getattr(out, name)
         for part in parts:
             value = getattr(part, name)

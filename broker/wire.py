@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -57,54 +57,59 @@ except ImportError:  # not built (KVBROKER_PURE_PYTHON=1): the reference reader 
 REFERENCE_ENV = "KVBROKER_WIRE_REFERENCE"
 use_reference = os.environ.get(REFERENCE_ENV, "") not in ("", "0")
 
-NONE, ALLOCATED, ACCESSED, UPDATED, RELEASED, FREED, CLEARED, ACKED = 0, 2, 3, 4, 5, 6, 7, 8
-KIND_NAMES = ("", "", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
+# The constants are Final literals: compiled code (broker.apply) reads them as constants,
+# not as a lookup in this module's globals per use (measured: 30 lookups per allocation).
+NONE: Final = 0
+ALLOCATED: Final = 2
+ACCESSED: Final = 3
+UPDATED: Final = 4
+RELEASED: Final = 5
+FREED: Final = 6
+CLEARED: Final = 7
+ACKED: Final = 8
+KIND_NAMES: Final = ("", "", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
 
 # allocated: (ALLOCATED, ts_us, tier, reuse, then the MemoryIntent)
-(
-    A_TIER,
-    A_REUSE,
-    A_BLOCK_ID,
-    A_REQUEST_ID,
-    A_PHASE,
-    A_PRIORITY,
-    A_DEADLINE,
-    A_SLACK,
-    A_RECOMPUTE_COST,
-    A_SPILL_COST,
-    A_SIZE,
-    A_PIN_REQUESTED,
-    A_IS_DRAFT,
-    A_IS_COMMITTED,
-    A_TENANT,
-    A_LAYER,
-    A_HEAD_GROUP,
-    A_TOKEN_START,
-    A_TOKEN_COUNT,
-    A_ALLOWED_TIERS,
-    A_PARENT_ID,
-    A_REQUEST_PRIORITY,
-    A_REUSE_WINDOW,
-    A_RECOMPUTE_OK,
-    A_COMPRESSION_OK,
-    A_PREFETCH_OK,
-) = range(2, 28)
+A_TIER: Final = 2
+A_REUSE: Final = 3
+A_BLOCK_ID: Final = 4
+A_REQUEST_ID: Final = 5
+A_PHASE: Final = 6
+A_PRIORITY: Final = 7
+A_DEADLINE: Final = 8
+A_SLACK: Final = 9
+A_RECOMPUTE_COST: Final = 10
+A_SPILL_COST: Final = 11
+A_SIZE: Final = 12
+A_PIN_REQUESTED: Final = 13
+A_IS_DRAFT: Final = 14
+A_IS_COMMITTED: Final = 15
+A_TENANT: Final = 16
+A_LAYER: Final = 17
+A_HEAD_GROUP: Final = 18
+A_TOKEN_START: Final = 19
+A_TOKEN_COUNT: Final = 20
+A_ALLOWED_TIERS: Final = 21
+A_PARENT_ID: Final = 22
+A_REQUEST_PRIORITY: Final = 23
+A_REUSE_WINDOW: Final = 24
+A_RECOMPUTE_OK: Final = 25
+A_COMPRESSION_OK: Final = 26
+A_PREFETCH_OK: Final = 27
 
 # intent_updated: (UPDATED, ts_us, block_id, then the optional changes)
-(
-    U_BLOCK_ID,
-    U_PHASE,
-    U_PRIORITY,
-    U_DEADLINE,
-    U_SLACK,
-    U_PIN_REQUESTED,
-    U_IS_COMMITTED,
-    U_IS_DRAFT,
-    U_RECOMPUTE_COST,
-    U_CLEAR_DEADLINE,
-    U_REUSE_WINDOW,
-    U_REQUEST_PRIORITY,
-) = range(2, 14)
+U_BLOCK_ID: Final = 2
+U_PHASE: Final = 3
+U_PRIORITY: Final = 4
+U_DEADLINE: Final = 5
+U_SLACK: Final = 6
+U_PIN_REQUESTED: Final = 7
+U_IS_COMMITTED: Final = 8
+U_IS_DRAFT: Final = 9
+U_RECOMPUTE_COST: Final = 10
+U_CLEAR_DEADLINE: Final = 11
+U_REUSE_WINDOW: Final = 12
+U_REQUEST_PRIORITY: Final = 13
 
 
 class BatchReader(Protocol):

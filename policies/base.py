@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -63,10 +63,10 @@ class Priority(IntEnum):
     DECODE_CRITICAL = 4
 
 
-DROPPED = -1
+DROPPED: Final = -1
 """Tier index of a block that is allocated but resident in no tier (must be recomputed)."""
 
-DEFAULT_REQUEST_PRIORITY = 50
+DEFAULT_REQUEST_PRIORITY: Final = 50
 
 
 # mypyc (broker/native.py compiles this module): a compiled class's __new__ runs __init__,

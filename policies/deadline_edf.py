@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedList
@@ -17,7 +17,10 @@ from policies.priority_lru import PriorityLRUPolicy
 
 # Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
 # priority order); NEAR blocks are protected.
-UNDATED, FAR, NEAR, STALE = 0, 1, 2, 3
+UNDATED: Final = 0
+FAR: Final = 1
+NEAR: Final = 2
+STALE: Final = 3
 
 
 # A plain class when compiled (broker/native.py): __post_init__ names a bad value, where a

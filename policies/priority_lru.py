@@ -6,14 +6,14 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
 from policies.base import Block, Policy, PolicyContext, Priority, take_until
 
 # Eviction rank of a priority class: lower leaves first. UNSPECIFIED counts as WARM.
-_CLASS_RANK: dict[int, int] = {
+_CLASS_RANK: Final[dict[int, int]] = {
     Priority.UNSPECIFIED: 1,
     Priority.COLD: 0,
     Priority.WARM: 1,

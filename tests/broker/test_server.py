@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from broker.config import JournalConfig
 from broker.journal.records import JournalRecord
-from broker.server import STREAM_PIPELINE, RunningBroker, field_slice, start_broker
+from broker.server import (
+    STREAM_PIPELINE,
+    RunningBroker,
+    field_slice,
+    sole_batch,
+    start_broker,
+    stream_response_bytes,
+    submit_response_bytes,
+)
 from clients.broker_client import BrokerClient, BrokerError
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
@@ -210,6 +218,34 @@ def test_field_slice_gives_the_exact_bytes_of_the_batch(ids: list[str], seq: int
     sliced = field_slice(raw, 2)
     assert sliced == batch.SerializeToString()
     assert field_slice(raw + b"\x12", 2) is None  # truncated trailing field: not well formed
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=40), max_size=30), st.booleans())
+def test_sole_batch_takes_only_a_request_that_holds_just_a_batch(ids: list[str], with_hello: bool) -> None:
+    batch = pb.IntentBatch(client_id="c", batch_seq=1, events=[pb.Event(ts_us=1, accessed=pb.BlocksAccessed(block_ids=ids))])
+    raw = spb.StreamRequest(batch=batch).SerializeToString()
+    assert sole_batch(raw) == batch.SerializeToString()
+    assert sole_batch(raw[:-1]) is None  # truncated
+    assert sole_batch(raw + raw) is None  # the batch twice: protobuf merges, so protobuf reads it
+    hello = spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id="c")).SerializeToString()
+    assert sole_batch(hello) is None and sole_batch(b"") is None
+    if with_hello:
+        assert sole_batch(hello + raw) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=12), st.integers(0, 2**64 - 1))
+def test_answers_on_the_wire_equal_the_messages_protobuf_writes(block_ids: list[str], seq: int) -> None:
+    """The answer bytes are built around the DirectiveBatch's own (no copy into a
+    StreamResponse or SubmitResponse); they parse to the same message, at every length."""
+    answer = dpb.DirectiveBatch(
+        client_id="c", batch_seq=seq, directives=[dpb.Directive(directive_id=i, block_id=b) for i, b in enumerate(block_ids)]
+    )
+    assert spb.StreamResponse.FromString(stream_response_bytes(answer)) == spb.StreamResponse(directives=answer)
+    assert spb.SubmitResponse.FromString(submit_response_bytes(answer)) == spb.SubmitResponse(directives=answer)
+    hello = spb.StreamResponse(hello=spb.HelloReply(broker_id="b"))
+    assert stream_response_bytes(hello) == hello.SerializeToString()
 
 
 @contextlib.asynccontextmanager
