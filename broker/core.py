@@ -11,7 +11,6 @@ Every operation either raises ``EventError`` before changing anything, or comple
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -52,20 +51,59 @@ class EventError(Exception):
 
 
 # Copyable when compiled (a shadow starts from a copy of the core): see policies.base.Block.
+# A plain class, not a dataclass: compiled, a dataclass's generated __init__ stays
+# interpreted (a generic setattr per field, 11 per directive, measured in a replay).
 @mypyc_attr(allow_interpreted_subclasses=True)
-@dataclasses.dataclass(slots=True)
 class Directive:
-    directive_id: int
-    kind: DirectiveKind
-    block_id: str
-    from_tier: str
-    to_tier: str
-    policy: str
-    score: float
-    reason: str
-    arrive_by_us: int
-    size: int
-    generation: int
+    __slots__ = (
+        "directive_id",
+        "kind",
+        "block_id",
+        "from_tier",
+        "to_tier",
+        "policy",
+        "score",
+        "reason",
+        "arrive_by_us",
+        "size",
+        "generation",
+    )
+
+    def __init__(
+        self,
+        directive_id: int,
+        kind: DirectiveKind,
+        block_id: str,
+        from_tier: str,
+        to_tier: str,
+        policy: str,
+        score: float,
+        reason: str,
+        arrive_by_us: int,
+        size: int,
+        generation: int,
+    ) -> None:
+        self.directive_id = directive_id
+        self.kind = kind
+        self.block_id = block_id
+        self.from_tier = from_tier
+        self.to_tier = to_tier
+        self.policy = policy
+        self.score = score
+        self.reason = reason
+        self.arrive_by_us = arrive_by_us
+        self.size = size
+        self.generation = generation
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Directive) and self.key() == other.key() and self.generation == other.generation
+
+    def __repr__(self) -> str:
+        return (
+            f"Directive({self.directive_id}, {self.kind.name}, {self.block_id!r}, {self.from_tier!r} -> {self.to_tier!r}, "
+            f"policy={self.policy!r}, score={self.score}, reason={self.reason!r}, arrive_by_us={self.arrive_by_us}, "
+            f"size={self.size}, generation={self.generation})"
+        )
 
     def key(self) -> tuple[object, ...]:
         """Everything that identifies what was decided; equal keys mean equal directives."""
