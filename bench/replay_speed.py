@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Replay speed: events per second per policy, on the bundled Mooncake trace.
 
-The events are imported once (the importer is not what is measured); each policy then
-replays them through the same core the live broker runs, on one core.
+The events are imported once and serialized, as a journal holds them (the importer is not
+what is measured); each policy then replays those bytes through the same reader and core
+the live broker runs, on one core.
 
     python bench/replay_speed.py                      # every policy, decode mode (~720k events)
     python bench/replay_speed.py --no-decode --policies lru,deadline_edf
@@ -38,8 +39,10 @@ def main() -> int:
     args = parser.parse_args()
     opts = TraceOptions(decode=not args.no_decode)
     started = time.perf_counter()
-    batches = list(read_trace(args.trace, "mooncake", opts))
-    events = sum(len(b.events) for b in batches)
+    messages = list(read_trace(args.trace, "mooncake", opts))
+    events = sum(len(b.events) for b in messages)
+    batches = [b.SerializeToString() for b in messages]
+    del messages
     imported = time.perf_counter() - started
     hbm = args.hbm_tokens * opts.bytes_per_token
     config = CoreConfig(
