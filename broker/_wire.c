@@ -258,6 +258,52 @@ static void fill(const msgdef *m, const uint8_t *p, const uint8_t *end, slot_t *
 
 /* ---- values ------------------------------------------------------------------------------ */
 
+/* Block ids come back batch after batch (a decode step names every block of its request).
+ * A fresh str per id cost a decode, a siphash for the dict lookup and a free, several
+ * hundred instructions an id; this cache hands back the str already made for the same bytes
+ * (usually the core's own dict key, so the lookup finds it by identity, its hash cached).
+ * Direct-mapped by a cheap hash of the bytes, bounded: at most ID_CACHE_SIZE short ASCII
+ * strings stay alive through it. A str is immutable, so any equal one is as good: the cache
+ * changes no result, only what it costs. */
+#define ID_CACHE_BITS 16
+#define ID_CACHE_SIZE (1 << ID_CACHE_BITS)
+#define ID_CACHE_MAX_LEN 128
+static PyObject *id_cache[ID_CACHE_SIZE];
+
+static inline uint64_t id_hash(const uint8_t *p, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+/* A str of the (validated) UTF-8 bytes of a block id. */
+static PyObject *id_str(const uint8_t *p, Py_ssize_t n) {
+    if (n == 0 || n > ID_CACHE_MAX_LEN) return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    PyObject **slot = &id_cache[id_hash(p, n) >> (64 - ID_CACHE_BITS)];
+    PyObject *cached = *slot;
+    if (cached != NULL && PyUnicode_GET_LENGTH(cached) == n && memcmp(PyUnicode_DATA(cached), p, (size_t)n) == 0) {
+        return Py_NewRef(cached); /* only compact ASCII strings are cached: one byte per character */
+    }
+    PyObject *fresh = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (fresh != NULL && PyUnicode_IS_COMPACT_ASCII(fresh)) Py_XSETREF(*slot, Py_NewRef(fresh));
+    return fresh;
+}
+
+static inline PyObject *id_of(const slot_t *slot) {
+    if (!slot->present || slot->n == 0) return PyUnicode_FromStringAndSize(NULL, 0);
+    return id_str(slot->s, slot->n);
+}
+
 static inline PyObject *str_of(const slot_t *slot) {
     if (!slot->present || slot->n == 0) return PyUnicode_FromStringAndSize(NULL, 0);
     return PyUnicode_DecodeUTF8((const char *)slot->s, slot->n, NULL);
@@ -293,7 +339,7 @@ static int collect_strings(const uint8_t *p, const uint8_t *end, uint32_t field,
         }
         Py_ssize_t n;
         if (read_len(&p, end, &n)) return -1;
-        PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+        PyObject *s = id_str(p, n);
         if (s == NULL) return -1;
         if (as_tuple) {
             PyTuple_SET_ITEM(out, i++, s);
@@ -381,7 +427,7 @@ static PyObject *allocated(PyObject *kind, PyObject *ts, const slot_t *msg) {
         ts,
         str_of(&a[2]),           /* tier */
         bool_of(&a[3]),          /* reuse */
-        str_of(&in[1]),          /* block_id */
+        id_of(&in[1]),           /* block_id */
         str_of(&in[2]),          /* request_id */
         enum_of(&in[3]),         /* phase */
         enum_of(&in[4]),         /* priority */
@@ -399,7 +445,7 @@ static PyObject *allocated(PyObject *kind, PyObject *ts, const slot_t *msg) {
         u64_of(&in[16]),         /* token_start */
         u32_of(&in[17]),         /* token_count */
         allowed,                 /* allowed_tiers */
-        str_of(&in[19]),         /* parent_block_id */
+        id_of(&in[19]),          /* parent_block_id */
         opt(u32_of, &in[20]),    /* request_priority */
         opt(u32_of, &in[21]),    /* expected_reuse_window_tokens */
         bool_of(&in[22]),        /* recompute_ok */
@@ -432,7 +478,7 @@ static PyObject *updated(PyObject *kind, PyObject *ts, const slot_t *msg) {
     PyObject *items[] = {
         kind,
         ts,
-        str_of(&u[1]),          /* block_id */
+        id_of(&u[1]),           /* block_id */
         opt(enum_of, &u[2]),    /* phase */
         opt(enum_of, &u[3]),    /* priority */
         opt(i64_of, &u[4]),     /* deadline_us */

@@ -250,3 +250,25 @@ def test_integers_read_as_protobuf_reads_them() -> None:
         7,
     )
     assert acked == (wire.ACKED, 1, 2**64 - 1, 1, "")
+
+
+def test_block_ids_read_again_are_the_same_string_and_always_the_right_one() -> None:
+    """The reader hands back the str it already made for the same id bytes (the core's own
+    dict key, hash cached); its bounded cache never changes what is read: more distinct
+    ids than it holds, ids that differ only in their last byte, non-ASCII ids, long ids."""
+    assert wire.native is not None
+
+    def ids_of(names: list[str]) -> list[str]:
+        raw = pb.IntentBatch(client_id="c", batch_seq=1, events=[pb.Event(ts_us=1, accessed=pb.BlocksAccessed(block_ids=names))])
+        (event,) = wire.native.BatchReader(raw.SerializeToString()).events()  # type: ignore[union-attr]
+        ids: list[str] = event[4]
+        return ids
+
+    first = ids_of(["req-1/b0", "req-1/b1"])
+    again = ids_of(["req-1/b0", "req-1/b1"])
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    many = [f"~{i:08x}~block/{i}" for i in range(200_000)] + ["é-1", "é-2", "x" * 300, "x" * 299 + "y", "a", "b"]
+    for start in range(0, len(many), 5000):
+        chunk = many[start : start + 5000]
+        assert ids_of(chunk) == chunk
+    assert ids_of(list(reversed(many[-2000:]))) == list(reversed(many[-2000:]))
