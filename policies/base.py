@@ -34,7 +34,7 @@ from collections.abc import Set as AbstractSet
 from enum import IntEnum
 from typing import Any, ClassVar
 
-from mypy_extensions import mypyc_attr
+from mypy_extensions import i32, mypyc_attr, u8
 
 
 class PolicyError(Exception):
@@ -124,45 +124,55 @@ class Block:
     )
 
     def __init__(self, block_id: str, size: int, *, request_id: str = "", tenant: str = "") -> None:
+        # Compiled, the slots are a C struct in the order they are first assigned here: the
+        # narrow ones first, packed into the word after the object header (bools are a
+        # byte each), then the 8-byte ones. A native int (i32, u8) is unboxed and narrow
+        # but wraps silently on overflow, and typed code doing arithmetic with it gets a
+        # native int too; so only fields that are never counted or computed with, and
+        # whose range is bounded, are native: the tier index (-1 .. number of tiers), and
+        # phase and priority (enum numbers: broker.apply rejects a value outside the enum
+        # before it sets one). Counters, sizes, times, request_priority (scored with) and
+        # the wire's uint32/uint64 fields stay ``int``: any value, 8 bytes unless huge.
+        self.tier: i32 = DROPPED
+        # The Priority / Phase numbers (events carry them as ints; read, they are ints).
+        self.priority: u8 = Priority.UNSPECIFIED
+        self.phase: u8 = Phase.UNSPECIFIED
+        self.pin_requested = False
+        self.released = False
+        # Kept by the core as wants_pin(block) whenever pin, priority or release change
+        # (a plain attribute: it is read on every access).
+        self.pinned = False
+        self.is_draft = False
+        self.is_committed = False
+        self.recompute_ok = False
+        self.compression_ok = False
+        self.prefetch_ok = False
+        # What the engine said, for measurement only: marked DECODE_CRITICAL, and its
+        # deadline (due_us, below). Equal to priority/deadline_us, except in an intent
+        # ablation, where policies see no intent but reports still count against what the
+        # engine knew.
+        self.critical = False
         self.block_id = block_id
         # client_id of the client that allocated it; a clear drops only that client's blocks.
         self.owner = ""
         self.request_id = request_id
         self.tenant = tenant
-        self.size = size
-        self.tier = DROPPED
-        self.pin_requested = False
-        self.released = False
-        # References the engine holds; 0 means released (cached, evictable, unpinned).
-        self.refs = 1
-        # Kept by the core as wants_pin(block) whenever pin, priority or release change
-        # (a plain attribute: it is read on every access).
-        self.pinned = False
-        # Plain ints (the Priority / Phase numbers): events carry them as ints.
-        self.priority: int = Priority.UNSPECIFIED
-        self.phase: int = Phase.UNSPECIFIED
+        self.parent_id = ""
         self.deadline_us: int | None = None
+        self.due_us: int | None = None
         self.slack_us: int | None = None
         self.recompute_cost_us: int | None = None
         self.spill_cost_us: int | None = None
-        self.request_priority = DEFAULT_REQUEST_PRIORITY
-        self.is_draft = False
-        self.is_committed = False
         # Tokens until the engine expects to read the block again (None: unknown).
         self.reuse_window: int | None = None
-        self.recompute_ok = False
-        self.compression_ok = False
-        self.prefetch_ok = False
-        self.parent_id = ""
+        self.size = size
+        self.request_priority = DEFAULT_REQUEST_PRIORITY
+        # References the engine holds; 0 means released (cached, evictable, unpinned).
+        self.refs = 1
         # Live blocks whose parent_id is this block (the core keeps it): 0 = a chain tail.
         self.children = 0
         # Times a later prompt brought this block again (prefix reuse or a shared reference).
         self.reuses = 0
-        # What the engine said, for measurement only: marked DECODE_CRITICAL, and its
-        # deadline. Equal to priority/deadline_us, except in an intent ablation, where
-        # policies see no intent but reports still count against what the engine knew.
-        self.critical = False
-        self.due_us: int | None = None
         # Bit i set: the block may live in tier i. 0 means any tier.
         self.allowed_mask = 0
         self.created_us = 0
