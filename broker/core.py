@@ -847,7 +847,6 @@ def _take_intent(block: Block, intent: Block) -> None:
     block.due_us = intent.due_us
     block.slack_us = intent.slack_us
     block.recompute_cost_us = intent.recompute_cost_us
-    block.spill_cost_us = intent.spill_cost_us
     block.request_priority = intent.request_priority
     block.is_draft = intent.is_draft
     block.is_committed = intent.is_committed
@@ -857,7 +856,6 @@ def _take_intent(block: Block, intent: Block) -> None:
     block.prefetch_ok = intent.prefetch_ok
     block.parent_id = intent.parent_id
     block.allowed_mask = intent.allowed_mask
-    block.layer = intent.layer
-    block.head_group = intent.head_group
+    block.extra = intent.extra
     block.token_start = intent.token_start
     block.token_count = intent.token_count

@@ -88,7 +88,6 @@ class Block:
         "block_id",
         "created_us",
         "deadline_us",
-        "head_group",
         "heap_version",
         "ready_us",
         "is_committed",
@@ -98,13 +97,13 @@ class Block:
         "compression_ok",
         "prefetch_ok",
         "last_access_us",
-        "layer",
         "owner",
         "parent_id",
         "children",
         "reuses",
         "critical",
         "due_us",
+        "extra",
         "phase",
         "pin_requested",
         "priority",
@@ -116,7 +115,6 @@ class Block:
         "request_priority",
         "size",
         "slack_us",
-        "spill_cost_us",
         "tenant",
         "tier",
         "token_count",
@@ -162,9 +160,14 @@ class Block:
         self.due_us: int | None = None
         self.slack_us: int | None = None
         self.recompute_cost_us: int | None = None
-        self.spill_cost_us: int | None = None
         # Tokens until the engine expects to read the block again (None: unknown).
         self.reuse_window: int | None = None
+        # layer, head_group and spill_cost_us (properties, below): None while all three
+        # are at their defaults, else the three. Engines seldom set them and nothing in the
+        # broker reads them; one slot instead of three is 16 bytes a block, which keeps a
+        # compiled Block in a 256-byte allocation (a block that sets any of them carries a
+        # 64-byte tuple instead).
+        self.extra: tuple[int, int, int | None] | None = None
         self.size = size
         self.request_priority = DEFAULT_REQUEST_PRIORITY
         # References the engine holds; 0 means released (cached, evictable, unpinned).
@@ -178,8 +181,6 @@ class Block:
         self.created_us = 0
         self.last_access_us = 0
         self.accesses = 0
-        self.layer = 0
-        self.head_group = 0
         self.token_start = 0
         self.token_count = 0
         # Bumped whenever the block's prefetch key changes, so stale heap entries are skipped.
@@ -187,11 +188,45 @@ class Block:
         # Event time at which the block is usable where it is (a transfer may be in flight).
         self.ready_us = 0
 
+    @property
+    def layer(self) -> int:
+        extra = self.extra
+        return 0 if extra is None else extra[0]
+
+    @layer.setter
+    def layer(self, value: int) -> None:
+        self.extra = extra_fields(value, self.head_group, self.spill_cost_us)
+
+    @property
+    def head_group(self) -> int:
+        extra = self.extra
+        return 0 if extra is None else extra[1]
+
+    @head_group.setter
+    def head_group(self, value: int) -> None:
+        self.extra = extra_fields(self.layer, value, self.spill_cost_us)
+
+    @property
+    def spill_cost_us(self) -> int | None:
+        extra = self.extra
+        return None if extra is None else extra[2]
+
+    @spill_cost_us.setter
+    def spill_cost_us(self, value: int | None) -> None:
+        self.extra = extra_fields(self.layer, self.head_group, value)
+
     def allowed_in(self, tier_index: int) -> bool:
         return self.allowed_mask == 0 or bool(self.allowed_mask >> tier_index & 1)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id!r}, size={self.size}, tier={self.tier})"
+
+
+def extra_fields(layer: int, head_group: int, spill_cost_us: int | None) -> tuple[int, int, int | None] | None:
+    """``Block.extra`` for these values."""
+    if layer == 0 and head_group == 0 and spill_cost_us is None:
+        return None
+    return (layer, head_group, spill_cost_us)
 
 
 def wants_pin(block: Block) -> bool:
