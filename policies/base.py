@@ -107,7 +107,8 @@ class Block:
         "phase",
         "pin_requested",
         "priority",
-        "recompute_cost_us",
+        "_recompute_cost_set",
+        "_recompute_cost_us",
         "released",
         "refs",
         "pinned",
@@ -150,6 +151,8 @@ class Block:
         # ablation, where policies see no intent but reports still count against what the
         # engine knew.
         self.critical = False
+        # recompute_cost_us (a property, below) is None or _recompute_cost_us, by this flag.
+        self._recompute_cost_set = False
         self.block_id = block_id
         # client_id of the client that allocated it; a clear drops only that client's blocks.
         self.owner = ""
@@ -159,7 +162,6 @@ class Block:
         self.deadline_us: int | None = None
         self.due_us: int | None = None
         self.slack_us: int | None = None
-        self.recompute_cost_us: int | None = None
         # Tokens until the engine expects to read the block again (None: unknown).
         self.reuse_window: int | None = None
         # layer, head_group and spill_cost_us (properties, below): None while all three
@@ -170,6 +172,11 @@ class Block:
         self.extra: tuple[int, int, int | None] | None = None
         self.size = size
         self.request_priority = DEFAULT_REQUEST_PRIORITY
+        # An int slot and a flag rather than an int | None: engines send a recompute cost
+        # with (nearly) every block, mostly above 256, and a slot of an int | None points
+        # to a boxed int of the block's own (32 bytes); an int slot holds it unboxed
+        # (any int: one that does not fit 62 bits is boxed, as before).
+        self._recompute_cost_us = 0
         # References the engine holds; 0 means released (cached, evictable, unpinned).
         self.refs = 1
         # Live blocks whose parent_id is this block (the core keeps it): 0 = a chain tail.
@@ -187,6 +194,15 @@ class Block:
         self.heap_version = 0
         # Event time at which the block is usable where it is (a transfer may be in flight).
         self.ready_us = 0
+
+    @property
+    def recompute_cost_us(self) -> int | None:
+        return self._recompute_cost_us if self._recompute_cost_set else None
+
+    @recompute_cost_us.setter
+    def recompute_cost_us(self, value: int | None) -> None:
+        self._recompute_cost_set = value is not None
+        self._recompute_cost_us = 0 if value is None else value
 
     @property
     def layer(self) -> int:
