@@ -72,7 +72,7 @@ from broker.wire import (
     read_batch,
 )
 from kvbroker.v1 import intent_pb2 as pb
-from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority
+from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority, extra_fields
 
 # An empty Block, every slot set below (Block.__new__ is object.__new__ when interpreted).
 # Final: compiled, a module constant is a C static, not a lookup in the module's globals.
@@ -236,7 +236,6 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
     # Slack stays visible in an ablation: what is stripped is phase, priority and deadline.
     block.slack_us = slack
     block.recompute_cost_us = recompute_cost
-    block.spill_cost_us = spill_cost
     block.request_priority = request_priority
     block.is_draft = ev[A_IS_DRAFT]
     block.is_committed = ev[A_IS_COMMITTED]
@@ -258,8 +257,7 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
     block.created_us = 0
     block.last_access_us = 0
     block.accesses = 0
-    block.layer = ev[A_LAYER]
-    block.head_group = ev[A_HEAD_GROUP]
+    block.extra = extra_fields(ev[A_LAYER], ev[A_HEAD_GROUP], spill_cost)
     block.token_start = ev[A_TOKEN_START]
     block.token_count = ev[A_TOKEN_COUNT]
     block.heap_version = 0

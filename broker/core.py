@@ -141,6 +141,26 @@ class TierState:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
+class RequestBlocks:
+    """The ids of one request's blocks (``Core.by_request``), for ``Core.request_blocks``.
+
+    A list with lazy deletion, not a set: a set costs about 45 bytes a block (a table of
+    16-byte slots at most 60% full, and the set object), this list 8 and its spare room.
+    ``ids`` holds every live block of the request at least once, and may still hold ids
+    that left it (freed, or taken by another request in a prefix reuse) or repeat one
+    that left and came back. ``live`` counts the request's live blocks; when ``ids`` grows
+    past twice that, the core drops what left (``Core._unindex_request``): each id dropped
+    was appended once, so that is amortised O(1), and ``ids`` stays O(blocks of the request).
+    """
+
+    __slots__ = ("ids", "live")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.live = 0
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class Core:
     """Residency state plus one policy instance per tier."""
 
@@ -164,7 +184,7 @@ class Core:
         self.tiers = self._build_tiers(config)
         self.tier_index = {t.name: t.index for t in self.tiers}
         self.blocks: dict[str, Block] = {}
-        self.by_request: dict[str, set[str]] = {}
+        self.by_request: dict[str, RequestBlocks] = {}
         self.client_seq: dict[str, int] = {}
         # Blocks per tenant while limits.max_blocks_per_tenant is set (broker.limits keeps it).
         self.tenant_blocks: dict[str, int] | None = None
@@ -451,8 +471,7 @@ class Core:
         block.created_us = block.last_access_us = self.clock.now_us
         block.pinned = wants_pin(block)
         self.blocks[block.block_id] = block
-        if block.request_id:
-            self.by_request.setdefault(block.request_id, set()).add(block.block_id)
+        self._index_request(block)
         self._attach(block, t)
         self._link(block)
         self.stats.allocated_bytes += block.size
@@ -460,16 +479,16 @@ class Core:
     def _reuse(self, block: Block, intent: Block) -> None:
         """Prefix reuse: a cached block gets a new owner and intent, and counts as an access."""
         was_pinned = block.pinned
-        if block.request_id != intent.request_id:
-            self._unindex_request(block)
-            if intent.request_id:
-                self.by_request.setdefault(intent.request_id, set()).add(block.block_id)
+        old_request = block.request_id
         relink = block.parent_id != intent.parent_id
         if relink:
             self._unlink(block)
         _take_intent(block, intent)
         if relink:
             self._link(block)
+        if block.request_id != old_request:
+            self._unindex_request(old_request)
+            self._index_request(block)
         block.released = False
         block.refs = 1
         self._repin(block, was_pinned)
@@ -705,7 +724,7 @@ class Core:
                 continue  # listed twice in one event
             self._detach(block)
             self._unlink(block)
-            self._unindex_request(block)
+            self._unindex_request(block.request_id)
             block.heap_version += 1
 
     def clear(self, owner: str) -> list[Block]:
@@ -758,12 +777,32 @@ class Core:
         if block.tier != DROPPED and not block.pinned:
             self.tiers[block.tier].policy.update(block)
 
-    def _unindex_request(self, block: Block) -> None:
-        ids = self.by_request.get(block.request_id)
-        if ids is not None:
-            ids.discard(block.block_id)
-            if not ids:
-                del self.by_request[block.request_id]
+    def _index_request(self, block: Block) -> None:
+        """A live block joined its request (allocated, or taken by a prefix reuse)."""
+        if not block.request_id:
+            return
+        entry = self.by_request.get(block.request_id)
+        if entry is None:
+            entry = self.by_request[block.request_id] = RequestBlocks()
+        entry.ids.append(block.block_id)
+        entry.live += 1
+
+    def _unindex_request(self, request_id: str) -> None:
+        """A block left ``request_id`` (called once it is out of ``blocks`` or in its new
+        request, so that a compaction drops it)."""
+        entry = self.by_request.get(request_id)
+        if entry is None:
+            return
+        entry.live -= 1
+        if not entry.live:
+            del self.by_request[request_id]
+        elif len(entry.ids) > 2 * entry.live:
+            entry.ids = self._request_members(request_id, entry.ids)
+
+    def _request_members(self, request_id: str, ids: list[str]) -> list[str]:
+        """The ids of ``ids`` that are live blocks of the request, each once."""
+        blocks = self.blocks
+        return [b for b in dict.fromkeys(ids) if (block := blocks.get(b)) is not None and block.request_id == request_id]
 
     # ---- prefetch ------------------------------------------------------------------------
 
@@ -823,7 +862,11 @@ class Core:
         return len(self.blocks) - sum(t.blocks for t in self.tiers)
 
     def request_blocks(self, request_id: str) -> Iterable[Block]:
-        return [self.blocks[b] for b in sorted(self.by_request.get(request_id, ()))]
+        """The request's live blocks, by id: O(blocks of the request) (see RequestBlocks)."""
+        entry = self.by_request.get(request_id)
+        if entry is None:
+            return []
+        return [self.blocks[b] for b in sorted(self._request_members(request_id, entry.ids))]
 
     def tier_name(self, t: int) -> str:
         return self.tiers[t].name if t >= 0 else ""
@@ -843,7 +886,6 @@ def _take_intent(block: Block, intent: Block) -> None:
     block.due_us = intent.due_us
     block.slack_us = intent.slack_us
     block.recompute_cost_us = intent.recompute_cost_us
-    block.spill_cost_us = intent.spill_cost_us
     block.request_priority = intent.request_priority
     block.is_draft = intent.is_draft
     block.is_committed = intent.is_committed
@@ -853,7 +895,6 @@ def _take_intent(block: Block, intent: Block) -> None:
     block.prefetch_ok = intent.prefetch_ok
     block.parent_id = intent.parent_id
     block.allowed_mask = intent.allowed_mask
-    block.layer = intent.layer
-    block.head_group = intent.head_group
+    block.extra = intent.extra
     block.token_start = intent.token_start
     block.token_count = intent.token_count

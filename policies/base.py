@@ -34,7 +34,7 @@ from collections.abc import Set as AbstractSet
 from enum import IntEnum
 from typing import Any, ClassVar, Final
 
-from mypy_extensions import mypyc_attr
+from mypy_extensions import i32, mypyc_attr, u8
 
 
 class PolicyError(Exception):
@@ -88,7 +88,6 @@ class Block:
         "block_id",
         "created_us",
         "deadline_us",
-        "head_group",
         "heap_version",
         "ready_us",
         "is_committed",
@@ -98,17 +97,18 @@ class Block:
         "compression_ok",
         "prefetch_ok",
         "last_access_us",
-        "layer",
         "owner",
         "parent_id",
         "children",
         "reuses",
         "critical",
         "due_us",
+        "extra",
         "phase",
         "pin_requested",
         "priority",
-        "recompute_cost_us",
+        "_recompute_cost_set",
+        "_recompute_cost_us",
         "released",
         "refs",
         "pinned",
@@ -116,7 +116,6 @@ class Block:
         "request_priority",
         "size",
         "slack_us",
-        "spill_cost_us",
         "tenant",
         "tier",
         "token_count",
@@ -124,52 +123,71 @@ class Block:
     )
 
     def __init__(self, block_id: str, size: int, *, request_id: str = "", tenant: str = "") -> None:
+        # Compiled, the slots are a C struct in the order they are first assigned here: the
+        # narrow ones first, packed into the word after the object header (bools are a
+        # byte each), then the 8-byte ones. A native int (i32, u8) is unboxed and narrow
+        # but wraps silently on overflow, and typed code doing arithmetic with it gets a
+        # native int too; so only fields that are never counted or computed with, and
+        # whose range is bounded, are native: the tier index (-1 .. number of tiers), and
+        # phase and priority (enum numbers: broker.apply rejects a value outside the enum
+        # before it sets one). Counters, sizes, times, request_priority (scored with) and
+        # the wire's uint32/uint64 fields stay ``int``: any value, 8 bytes unless huge.
+        self.tier: i32 = DROPPED
+        # The Priority / Phase numbers (events carry them as ints; read, they are ints).
+        self.priority: u8 = Priority.UNSPECIFIED
+        self.phase: u8 = Phase.UNSPECIFIED
+        self.pin_requested = False
+        self.released = False
+        # Kept by the core as wants_pin(block) whenever pin, priority or release change
+        # (a plain attribute: it is read on every access).
+        self.pinned = False
+        self.is_draft = False
+        self.is_committed = False
+        self.recompute_ok = False
+        self.compression_ok = False
+        self.prefetch_ok = False
+        # What the engine said, for measurement only: marked DECODE_CRITICAL, and its
+        # deadline (due_us, below). Equal to priority/deadline_us, except in an intent
+        # ablation, where policies see no intent but reports still count against what the
+        # engine knew.
+        self.critical = False
+        # recompute_cost_us (a property, below) is None or _recompute_cost_us, by this flag.
+        self._recompute_cost_set = False
         self.block_id = block_id
         # client_id of the client that allocated it; a clear drops only that client's blocks.
         self.owner = ""
         self.request_id = request_id
         self.tenant = tenant
-        self.size = size
-        self.tier = DROPPED
-        self.pin_requested = False
-        self.released = False
-        # References the engine holds; 0 means released (cached, evictable, unpinned).
-        self.refs = 1
-        # Kept by the core as wants_pin(block) whenever pin, priority or release change
-        # (a plain attribute: it is read on every access).
-        self.pinned = False
-        # Plain ints (the Priority / Phase numbers): events carry them as ints.
-        self.priority: int = Priority.UNSPECIFIED
-        self.phase: int = Phase.UNSPECIFIED
+        self.parent_id = ""
         self.deadline_us: int | None = None
+        self.due_us: int | None = None
         self.slack_us: int | None = None
-        self.recompute_cost_us: int | None = None
-        self.spill_cost_us: int | None = None
-        self.request_priority = DEFAULT_REQUEST_PRIORITY
-        self.is_draft = False
-        self.is_committed = False
         # Tokens until the engine expects to read the block again (None: unknown).
         self.reuse_window: int | None = None
-        self.recompute_ok = False
-        self.compression_ok = False
-        self.prefetch_ok = False
-        self.parent_id = ""
+        # layer, head_group and spill_cost_us (properties, below): None while all three
+        # are at their defaults, else the three. Engines seldom set them and nothing in the
+        # broker reads them; one slot instead of three is 16 bytes a block, which keeps a
+        # compiled Block in a 256-byte allocation (a block that sets any of them carries a
+        # 64-byte tuple instead).
+        self.extra: tuple[int, int, int | None] | None = None
+        self.size = size
+        self.request_priority = DEFAULT_REQUEST_PRIORITY
+        # An int slot and a flag rather than an int | None: engines send a recompute cost
+        # with (nearly) every block, mostly above 256, and a slot of an int | None points
+        # to a boxed int of the block's own (32 bytes); an int slot holds it unboxed
+        # (any int: one that does not fit 62 bits is boxed, as before).
+        self._recompute_cost_us = 0
+        # References the engine holds; 0 means released (cached, evictable, unpinned).
+        self.refs = 1
         # Live blocks whose parent_id is this block (the core keeps it): 0 = a chain tail.
         self.children = 0
         # Times a later prompt brought this block again (prefix reuse or a shared reference).
         self.reuses = 0
-        # What the engine said, for measurement only: marked DECODE_CRITICAL, and its
-        # deadline. Equal to priority/deadline_us, except in an intent ablation, where
-        # policies see no intent but reports still count against what the engine knew.
-        self.critical = False
-        self.due_us: int | None = None
         # Bit i set: the block may live in tier i. 0 means any tier.
         self.allowed_mask = 0
         self.created_us = 0
         self.last_access_us = 0
         self.accesses = 0
-        self.layer = 0
-        self.head_group = 0
         self.token_start = 0
         self.token_count = 0
         # Bumped whenever the block's prefetch key changes, so stale heap entries are skipped.
@@ -177,11 +195,54 @@ class Block:
         # Event time at which the block is usable where it is (a transfer may be in flight).
         self.ready_us = 0
 
+    @property
+    def recompute_cost_us(self) -> int | None:
+        return self._recompute_cost_us if self._recompute_cost_set else None
+
+    @recompute_cost_us.setter
+    def recompute_cost_us(self, value: int | None) -> None:
+        self._recompute_cost_set = value is not None
+        self._recompute_cost_us = 0 if value is None else value
+
+    @property
+    def layer(self) -> int:
+        extra = self.extra
+        return 0 if extra is None else extra[0]
+
+    @layer.setter
+    def layer(self, value: int) -> None:
+        self.extra = extra_fields(value, self.head_group, self.spill_cost_us)
+
+    @property
+    def head_group(self) -> int:
+        extra = self.extra
+        return 0 if extra is None else extra[1]
+
+    @head_group.setter
+    def head_group(self, value: int) -> None:
+        self.extra = extra_fields(self.layer, value, self.spill_cost_us)
+
+    @property
+    def spill_cost_us(self) -> int | None:
+        extra = self.extra
+        return None if extra is None else extra[2]
+
+    @spill_cost_us.setter
+    def spill_cost_us(self, value: int | None) -> None:
+        self.extra = extra_fields(self.layer, self.head_group, value)
+
     def allowed_in(self, tier_index: int) -> bool:
         return self.allowed_mask == 0 or bool(self.allowed_mask >> tier_index & 1)
 
     def __repr__(self) -> str:
         return f"Block({self.block_id!r}, size={self.size}, tier={self.tier})"
+
+
+def extra_fields(layer: int, head_group: int, spill_cost_us: int | None) -> tuple[int, int, int | None] | None:
+    """``Block.extra`` for these values."""
+    if layer == 0 and head_group == 0 and spill_cost_us is None:
+        return None
+    return (layer, head_group, spill_cost_us)
 
 
 def wants_pin(block: Block) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Final
 
-from mypy_extensions import mypyc_attr
+from mypy_extensions import mypyc_attr, u8
 from sortedcontainers import SortedList
 
 from policies.base import Block, Policy, PolicyContext, take_until
@@ -52,10 +52,16 @@ class _Held:
     __slots__ = ("block", "deadline", "free_key", "latest_start", "stamp", "state")
 
     def __init__(self, block: Block, stamp: int) -> None:
+        # One per held block (a million at a time): compiled, the fields are a C struct in
+        # this order. The state (0..3) is a byte beside the header's bitmap.
+        self.state: u8 = UNDATED
         self.block = block
         self.stamp = stamp
-        self.state = UNDATED
-        self.free_key: tuple[int, int, int, str] = (0, 0, 0, "")
+        # (class rank, request priority, stamp, block id): ``_free``'s key. A tuple of
+        # unknown length to the compiler, so that it stays one Python object, the one
+        # ``_free`` holds: typed as four fields, mypyc keeps the four in the struct and
+        # boxes a new tuple each time the key is filed or looked up.
+        self.free_key: tuple[Any, ...] = (0, 0, 0, "")
         self.deadline = 0
         self.latest_start = 0.0
 

@@ -6,6 +6,7 @@ brought down to the low one (900).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Set as AbstractSet
 
 from hypothesis import given, settings
@@ -332,3 +333,32 @@ def test_a_policy_can_prefer_dropping_a_victim_to_demoting_it() -> None:
     assert (first.block_id, first.kind, first.reason) == ("b0", DirectiveKind.EVICT, "recompute cheaper than reload")
     assert d.core.blocks["b0"].tier == DROPPED
     check_model(d)
+
+
+def test_request_blocks_follow_allocations_frees_and_prefix_reuse_across_requests() -> None:
+    """by_request keeps ids lazily (core.RequestBlocks): what request_blocks returns is still
+    exactly the request's live blocks, by id, and each list stays within twice them."""
+    rng = random.Random(3)
+    d = Driver(small_config("lru"))
+    requests = ("r0", "r1", "r2", "")
+    for ts in range(3000):
+        bid, rid = f"b{rng.randrange(40)}", rng.choice(requests)
+        roll = rng.random()
+        block = d.core.blocks.get(bid)
+        if roll < 0.5:
+            # A new block, or, when it is cached, a prefix reuse that may move it to another request.
+            event = alloc(bid, size=10, ts=ts, request_id=rid)
+        elif roll < 0.75:
+            event = release(bid, ts=ts)
+        elif roll < 0.98:
+            event = free(bid, ts=ts)
+        else:
+            event = clear(ts=ts)
+        if block is not None or roll < 0.5 or roll >= 0.98:
+            d.send(event)
+        live = {r: sorted(b.block_id for b in d.core.blocks.values() if b.request_id == r) for r in requests if r}
+        for r, ids in live.items():
+            assert [b.block_id for b in d.core.request_blocks(r)] == ids
+        assert set(d.core.by_request) == {r for r, ids in live.items() if ids}
+        for r, entry in d.core.by_request.items():
+            assert entry.live == len(live[r]) and len(entry.ids) <= 2 * entry.live
