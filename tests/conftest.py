@@ -13,6 +13,7 @@ import redis
 from broker import native
 from broker.config import BrokerConfig, JournalConfig, parse_config
 from broker.server import RunningBroker, start_broker
+from tests.redis_server import RedisServer, free_port
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,6 +54,17 @@ def redis_stream_key() -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL)
     client.delete(key, f"{key}:directives")
     client.close()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free port (one it may stop), stopped by pid."""
+    server = RedisServer(free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -116,16 +116,6 @@ async def journal(fresh_key: Callable[[], str]) -> AsyncIterator[RedisJournal]:
     await j._close_backend()
 
 
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer(free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 # ---- what goes to Redis -----------------------------------------------------------------------
 
 
@@ -280,9 +270,9 @@ async def wait_blocked(admin: redis.Redis) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_new_one(own_redis: RedisServer) -> None:
-    admin = own_redis.client()
-    journal = RedisJournal(own_redis.url, "s", maxlen=1000)
+async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_new_one(redis_server: RedisServer) -> None:
+    admin = redis_server.client()
+    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
     await journal._open_backend()
     try:
         await journal._write_tagged([rec(0), rec(1)], EPOCH, 2)
@@ -307,11 +297,11 @@ async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_ne
 
 
 async def test_a_write_without_an_answer_times_out_and_the_next_write_uses_a_new_connection(
-    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_stream, "SOCKET_TIMEOUT_S", 0.3)
-    admin = own_redis.client()
-    journal = RedisJournal(own_redis.url, "s", maxlen=1000)
+    admin = redis_server.client()
+    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
     await journal._open_backend()
     try:
         await journal._write_tagged([rec(0)], EPOCH, 1)
@@ -332,11 +322,11 @@ async def test_a_write_without_an_answer_times_out_and_the_next_write_uses_a_new
         admin.close()
 
 
-async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_reply_behind(own_redis: RedisServer) -> None:
+async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_reply_behind(redis_server: RedisServer) -> None:
     """An error reply to a queued XADD (OOM) aborts the transaction; the replies after it
     are never read, so the connection must not serve the next write."""
-    admin = own_redis.client()
-    journal = RedisJournal(own_redis.url, "s", maxlen=1000)
+    admin = redis_server.client()
+    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
     await journal._open_backend()
     try:
         await journal._write_tagged([rec(0)], EPOCH, 1)
@@ -357,17 +347,17 @@ async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_repl
         admin.close()
 
 
-async def test_a_write_while_redis_is_down_raises_and_writes_again_once_it_is_back(own_redis: RedisServer) -> None:
-    journal = RedisJournal(own_redis.url, "s", maxlen=1000)
+async def test_a_write_while_redis_is_down_raises_and_writes_again_once_it_is_back(redis_server: RedisServer) -> None:
+    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
     await journal._open_backend()
     try:
         await journal._write_tagged([rec(0)], EPOCH, 1)
-        own_redis.stop()
+        redis_server.stop()
         with pytest.raises(redis.ConnectionError):
             await asyncio.wait_for(journal._write_tagged([rec(1)], EPOCH, 2), 10)
         with pytest.raises(redis.ConnectionError):  # refused: nothing listens
             await asyncio.wait_for(journal._write_tagged([rec(1)], EPOCH, 2), 10)
-        own_redis.start()  # without persistence: it comes back empty
+        redis_server.start()  # without persistence: it comes back empty
         await journal._write_tagged([rec(1)], EPOCH, 2)
         assert await journal._applied(EPOCH) == 2
     finally:
