@@ -286,7 +286,14 @@ def run_bench(
                             paced[percent] = measure(workers, target, batch, streams, top.rate * percent / 100, opts, nonce, run, None)
                         after = _stats_total(target)
                         rss = peak_rss_bytes(pid) if pid is not None else None
-                    record = _record(batch, streams, journal, opts, top, paced, ceiling, before, middle, after, rss)
+                    floor: Measured | None = None
+                    if echo is not None:
+                        # The echo server paced at the broker's 50% rate: the round trip of the
+                        # transport, the load generators and this machine alone, so that the
+                        # broker's p99 can be read against it (on 2 shared cores it is not 0).
+                        run += 1
+                        floor = measure(workers, echo.target, batch, streams, top.rate * 0.5, opts, nonce, run, None)
+                    record = _record(batch, streams, journal, opts, top, paced, ceiling, before, middle, after, rss, floor)
                     record["block_ids_per_event"] = ids_per_event
                     records.append(record)
                     on_record(record)
@@ -309,6 +316,7 @@ def _record(
     middle: tuple[int, int, int, str],
     after: tuple[int, int, int, str],
     rss: int | None,
+    floor: Measured | None = None,
 ) -> dict[str, Any]:
     half, most = paced[50], paced[90]
     return {
@@ -338,6 +346,8 @@ def _record(
         if ceiling and ceiling.cpu_s is not None and ceiling.events
         else None,
         "ratio_to_echo": round(top.rate / ceiling.rate, 4) if ceiling is not None and ceiling.rate else None,
+        "echo_p50_ms_at_50": floor.ms(50) if floor is not None else None,
+        "echo_p99_ms_at_50": floor.ms(99) if floor is not None else None,
         "directives": middle[1] - before[1],
         "events_sent": top.sent_total + half.sent_total + most.sent_total,
         "broker_events": after[0] - before[0],

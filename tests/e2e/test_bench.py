@@ -45,6 +45,8 @@ THROUGHPUT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "events_per_s_at_90": float,
     "echo_events_per_s": float,
     "ratio_to_echo": float,
+    "echo_p50_ms_at_50": float,
+    "echo_p99_ms_at_50": float,
     "directives": int,
     "events_sent": int,
     "broker_events": int,
@@ -75,6 +77,7 @@ def check_record(record: dict[str, Any]) -> None:
     assert 0 < record["p50_ms"] <= record["p99_ms"] <= record["p999_ms"]
     assert 0 < record["p50_ms_at_90"] <= record["p99_ms_at_90"] <= record["p999_ms_at_90"]
     assert record["ratio_to_echo"] > 0 and record["echo_events_per_s"] > 0
+    assert 0 < record["echo_p50_ms_at_50"] <= record["echo_p99_ms_at_50"]
     # Every event the streams sent (three runs and their cleanup batches) was applied: the
     # broker's own GetStats count, and not one rejected.
     assert record["broker_events"] == record["events_sent"] > record["events"]
