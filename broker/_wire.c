@@ -95,11 +95,14 @@ static inline int read_varint(const uint8_t **pp, const uint8_t *end, uint64_t *
     return -1;
 }
 
-/* A length prefix that stays inside the buffer. */
+/* A length prefix that stays inside the buffer. Like a key, it is a 32-bit varint of at
+ * most 5 bytes, below 2^31 - 1: protobuf (upb) rejects a longer encoding as malformed, even
+ * of a small value (found by atheris). */
 static inline int read_len(const uint8_t **pp, const uint8_t *end, Py_ssize_t *out) {
     uint64_t n;
+    const uint8_t *start = *pp;
     if (read_varint(pp, end, &n)) return -1;
-    if (n > (uint64_t)(end - *pp)) return -1;
+    if (*pp - start > 5 || n >= INT32_MAX || n > (uint64_t)(end - *pp)) return -1;
     *out = (Py_ssize_t)n;
     return 0;
 }
@@ -163,10 +166,18 @@ static int skip_value(int wire, const uint8_t **pp, const uint8_t *end) {
     }
 }
 
-/* One field's key: its number (1..2^29-1) and wire type. */
+/* One field's key: its number (1..2^29-1) and wire type. A key is a 32-bit varint of at
+ * most 5 bytes: protobuf (upb) rejects a longer one as malformed, even when its value is
+ * small (an overlong encoding), so this reader must not take it either. (A value's varint
+ * may take all 10 bytes.) */
 static inline int read_key(const uint8_t **pp, const uint8_t *end, uint32_t *number, int *wire) {
     uint64_t key;
+    const uint8_t *start = *pp;
     if (read_varint(pp, end, &key)) return -1;
+    if (*pp - start > 5 || key > UINT32_MAX) {
+        *pp = start;
+        return -1;
+    }
     uint64_t num = key >> 3;
     if (num == 0 || num > 0x1FFFFFFF) return -1;
     *number = (uint32_t)num;

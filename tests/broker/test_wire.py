@@ -119,8 +119,23 @@ def test_a_merged_encoding_is_refused_natively_and_read_by_the_reference() -> No
         ld(3, vi(1, 1) + vi(1, 2)),  # ts_us twice
         ld(3, ld(3, ld(1, b"a")) + ld(6, ld(1, b"a"))),  # two members of the oneof
         ld(3, ld(3, tag(1, 0) + b"\x01")),  # block_ids with a varint wire type
+        # A key in 6 bytes (an unknown field's, value small): protobuf takes a key of 5
+        # bytes at most and rejects this one as malformed (found by atheris).
+        b"\x1a\x00\xf8\xff\xff\xff\x80\x00\x03\xc2\x00\x00",
+        ld(1, b"c") + b"\xc8\x80\x80\x80\x80\x00\x01",  # field 25 as a varint, key overlong to 6 bytes
+        b"\x1a\x80\x80\x80\x80\x80\x80\x80\x00",  # an event's length (0) in 8 bytes (atheris)
+        b"\x0a\x81\x80\x80\x80\x80\x00x",  # client_id's length (1) in 6 bytes
     ],
-    ids=["scalar-twice", "ts-twice", "two-kinds", "wrong-wire-type"],
+    ids=[
+        "scalar-twice",
+        "ts-twice",
+        "two-kinds",
+        "wrong-wire-type",
+        "6-byte-key-atheris",
+        "6-byte-key",
+        "8-byte-length-atheris",
+        "6-byte-length",
+    ],
 )
 def test_encodings_only_protobuf_defines_fall_back(raw: bytes) -> None:
     assert wire.native is not None
@@ -134,6 +149,17 @@ def test_encodings_only_protobuf_defines_fall_back(raw: bytes) -> None:
         return
     reader = wire.read_batch(raw)
     assert ((reader.client_id, reader.batch_seq, reader.tenant, reader.count), list(reader.events(BLOCKS))) == expected
+
+
+def test_keys_and_lengths_in_five_bytes_read_as_protobuf_reads_them() -> None:
+    """An overlong key or length of 5 bytes is still one (protobuf takes up to 5), and a
+    value may take 10: both readers read them."""
+    assert wire.native is not None
+    raw = ld(1, b"c") + b"\x90\x80\x80\x80\x00\x07" + ld(3, vi(1, 5) + ld(7, b""))  # batch_seq = 7, its key in 5 bytes
+    assert native_read(raw, None) == reference_read(raw, None) == (("c", 7, "", 1), [(wire.CLEARED, 5)])
+    raw = b"\x0a\x81\x80\x80\x80\x00x" + vi(2, 2)  # client_id's length (1) in 5 bytes, and a value in 10
+    raw += b"\x1a\x8b\x80\x80\x80\x00" + b"\x08" + b"\x83\x80\x80\x80\x80\x80\x80\x80\x80\x00"
+    assert native_read(raw, None) == reference_read(raw, None) == (("x", 2, "", 1), [(wire.NONE, 3)])
 
 
 def test_block_ids_are_looked_up_as_each_event_is_read() -> None:

@@ -8,6 +8,10 @@ TARGET is one of:
 - ``apply``: bytes as an IntentBatch, applied to a core (policy priority_lru, three small
   tiers), as the broker does after decoding; only a DecodeError (not protobuf) may escape,
   and an applied batch's answer must serialize.
+- ``wire``: bytes as a serialized IntentBatch, read by the native reader (broker/_wire.c)
+  and by the reference reader: the native one must refuse (Unsupported) what protobuf
+  rejects, and read exactly what the reference reads when it accepts. Build the extension
+  with AddressSanitizer for this one (README, Fuzzing) to catch memory errors as well.
 - ``config``: bytes as a TOML config document; only ConfigError may escape.
 - ``jsonl``: bytes as a JSONL trace for each importer (mooncake, kvds-events, kvds-requests);
   only TraceError may escape.
@@ -29,6 +33,7 @@ import atheris
 with atheris.instrument_imports():
     from google.protobuf.message import DecodeError as ProtoDecodeError
 
+    from broker import wire
     from broker.apply import apply_batch
     from broker.config import ConfigError, parse_config
     from broker.core import Core
@@ -69,6 +74,30 @@ def fuzz_apply(data: bytes) -> None:
     outcome_to_pb(batch, outcome, 1).SerializeToString()
 
 
+# Stand-ins for the core's blocks: the readers only look them up.
+_BLOCKS = {name: object() for name in ("a", "b", "c", "")}
+
+
+def fuzz_wire(data: bytes) -> None:
+    assert wire.native is not None, "the native reader is not built"
+    try:
+        reference = wire.ReferenceReader(pb.IntentBatch.FromString(data))
+    except ProtoDecodeError:
+        try:
+            wire.native.BatchReader(data)
+        except wire.native.Unsupported:
+            return
+        raise AssertionError("the native reader accepted bytes protobuf rejects") from None
+    try:
+        native = wire.native.BatchReader(data)
+    except wire.native.Unsupported:
+        return
+    header = (native.client_id, native.batch_seq, native.tenant, native.count)
+    assert header == (reference.client_id, reference.batch_seq, reference.tenant, reference.count)
+    assert list(native.events(_BLOCKS)) == list(reference.events(_BLOCKS))
+    assert list(native.events()) == list(reference.events())
+
+
 def fuzz_config(data: bytes) -> None:
     with contextlib.suppress(ConfigError):
         parse_config(data.decode("utf-8", "replace"))
@@ -103,7 +132,7 @@ def fuzz_vllm(data: bytes) -> None:
         event.SerializeToString()
 
 
-TARGETS = {"apply": fuzz_apply, "config": fuzz_config, "jsonl": fuzz_jsonl, "vllm": fuzz_vllm}
+TARGETS = {"apply": fuzz_apply, "wire": fuzz_wire, "config": fuzz_config, "jsonl": fuzz_jsonl, "vllm": fuzz_vllm}
 
 
 def main() -> None:
