@@ -56,6 +56,8 @@ class BenchOptions:
     redis_url: str = "redis://127.0.0.1:6379/0"
     window: int = 0  # batches in flight per stream; 0 = by batch size
     seed: int = 1
+    # Finished requests release their blocks (cached) instead of freeing them (bench_workload).
+    prefix_cache: bool = False
     echo: bool = True
 
     @staticmethod
@@ -240,7 +242,7 @@ def run_bench(
     run = 0
     with ExitStack() as stack:
         log(f"encoding the workload in {max(opts.streams)} load generator process(es) ...")
-        workers = Workers(needs(opts), opts.seed)
+        workers = Workers(needs(opts), opts.seed, opts.prefix_cache)
         stack.callback(workers.stop)
         mix = workers.info[0]["mix"]
         total = sum(mix.values())
@@ -249,6 +251,7 @@ def run_bench(
             "event mix: "
             + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(mix.items(), key=lambda kv: -kv[1]))
             + f"; {ids_per_event} block ids per event"
+            + ("; finished requests release their blocks (--prefix-cache)" if opts.prefix_cache else "")
         )
         echo: Server | None = None
         if opts.echo:
@@ -326,6 +329,7 @@ def _record(
         "journal": journal,
         "policy": opts.policy,
         "target": opts.target or "spawned",
+        "prefix_cache": opts.prefix_cache,
         "events": top.events,
         "seconds": round(top.seconds, 3),
         "events_per_s": round(top.rate, 1),

@@ -179,12 +179,12 @@ async def _serve_run(conn: Connection, encoded: Encoded, spec: RunSpec) -> None:
         await stream.close()
 
 
-def worker_main(conn: Connection, client: int, events: int, seed: int) -> None:
+def worker_main(conn: Connection, client: int, events: int, seed: int, prefix_cache: bool = False) -> None:
     """A worker process: encode once, then serve runs until told to stop."""
     import uvloop
 
     try:
-        encoded = encode_workload(client, events, seed)
+        encoded = encode_workload(client, events, seed, prefix_cache=prefix_cache)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return

@@ -135,7 +135,7 @@ def echo_argv() -> list[str]:
 class Workers:
     """Load generator processes, one per stream, each with its engine's events encoded."""
 
-    def __init__(self, needs: list[int], seed: int) -> None:
+    def __init__(self, needs: list[int], seed: int, prefix_cache: bool = False) -> None:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds gRPC state
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
@@ -144,7 +144,7 @@ class Workers:
             for client, events in enumerate(needs):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(
-                    target=worker_main, args=(child, client, events, seed), daemon=True, name=f"kvbroker-bench-load-{client}"
+                    target=worker_main, args=(child, client, events, seed, prefix_cache), daemon=True, name=f"kvbroker-bench-load-{client}"
                 )
                 proc.start()
                 child.close()

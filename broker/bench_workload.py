@@ -8,6 +8,12 @@ announces two requests' newest blocks as DECODE_CRITICAL with a deadline one ite
 ahead, and takes last iteration's announcement back; a finished request frees its blocks
 and a new one is admitted, allocating its prompt blocks and reading them.
 
+With ``prefix_cache`` a finished request releases its blocks instead of freeing them: they
+stay cached (as vLLM's prefix cache keeps a finished request's blocks), so HBM fills with
+cached blocks and from then on every new block displaces one, as in a serving engine whose
+cache is full: the broker's eviction path and its directives are part of what is measured
+(about 0.1 directives per event; without it this workload makes none).
+
 Events are serialized once, before anything is timed, into one blob of ``IntentBatch.events``
 fields (tag, length, bytes) with the offset of each, so a batch of any size is one slice of
 the blob and a request message is a few header bytes in front of it (``stream_request``).
@@ -99,8 +105,9 @@ class _Request:
 class EngineWorkload:
     """One engine's events, iteration by iteration (deterministic for a seed)."""
 
-    def __init__(self, client: int, seed: int = 1) -> None:
+    def __init__(self, client: int, seed: int = 1, *, prefix_cache: bool = False) -> None:
         self.rng = random.Random(seed * 1_000_003 + client)
+        self.prefix_cache = prefix_cache
         self.prefix = f"{MARK.decode()}c{client}/"
         self.now = 0
         self.count = 0
@@ -121,7 +128,10 @@ class EngineWorkload:
             events.append(pb.Event(ts_us=now, accessed=pb.BlocksAccessed(block_ids=req.blocks)))
             req.tokens += 1
             if req.tokens >= req.output:
-                events.append(pb.Event(ts_us=now, freed=pb.BlocksFreed(block_ids=req.blocks)))
+                if self.prefix_cache:
+                    events.append(pb.Event(ts_us=now, released=pb.BlocksReleased(block_ids=req.blocks)))
+                else:
+                    events.append(pb.Event(ts_us=now, freed=pb.BlocksFreed(block_ids=req.blocks)))
                 self.active.remove(req)
         # The scheduler knows who decodes next: announce them (never one that finishes now).
         self.hinted = []
@@ -190,9 +200,9 @@ class Encoded:
         return self.blob.replace(MARK, tag)
 
 
-def encode_workload(client: int, count: int, seed: int = 1) -> Encoded:
+def encode_workload(client: int, count: int, seed: int = 1, *, prefix_cache: bool = False) -> Encoded:
     """The first ``count`` events of engine ``client``, serialized."""
-    workload = EngineWorkload(client, seed)
+    workload = EngineWorkload(client, seed, prefix_cache=prefix_cache)
     parts: list[bytes] = []
     offsets = array("Q", [0])
     mix: dict[str, int] = {}
@@ -206,7 +216,10 @@ def encode_workload(client: int, count: int, seed: int = 1) -> Encoded:
             offsets.append(position)
             kind = event.WhichOneof("kind") or ""
             mix[kind] = mix.get(kind, 0) + 1
-            ids += len(event.accessed.block_ids) if kind == "accessed" else len(event.freed.block_ids) if kind == "freed" else 1
+            if kind in ("accessed", "freed", "released"):
+                ids += len(getattr(event, kind).block_ids)
+            else:
+                ids += 1
             if len(parts) == count:
                 break
     return Encoded(b"".join(parts), offsets, mix, workload.now, ids)

@@ -419,6 +419,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     changes: dict[str, Any] = {"target": args.target, "policy": args.policy, "redis_url": args.redis, "window": args.window}
     changes["seed"] = args.seed
+    changes["prefix_cache"] = args.prefix_cache
     optional = {"events": args.events, "seconds": args.seconds, "batches": batches, "streams": streams, "journals": journals}
     changes.update((key, value) for key, value in optional.items() if value is not None)
     opts = BenchOptions.quick(**changes) if args.quick else dataclasses.replace(BenchOptions(), **changes)
@@ -548,6 +549,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis of the redis journal (a fresh stream, deleted after)")
     p.add_argument("--window", type=int, default=0, help="batches in flight per stream (default 0: 2048/batch, within 4..64)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="finished requests release their blocks (kept cached, as vLLM's prefix cache does) instead of freeing them: "
+        "HBM fills and every new block displaces one (the eviction path and its directives are measured)",
+    )
     p.add_argument("--memory", action="store_true", help="also measure RSS per tracked block (100k and 1M blocks; --quick 100k)")
     p.add_argument("--memory-blocks", help="block counts of the memory benchmark, e.g. 100000,1000000 (implies --memory)")
     p.set_defaults(func=cmd_bench)

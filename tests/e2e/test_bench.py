@@ -32,6 +32,7 @@ THROUGHPUT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "journal": str,
     "policy": str,
     "target": str,
+    "prefix_cache": bool,
     "events": int,
     "seconds": float,
     "events_per_s": float,
@@ -130,6 +131,31 @@ def test_bench_quick_json_counts_every_event_in_each_journal() -> None:
         assert record["cpu_us_per_event"] > 0 and record["peak_rss_bytes"] > 10 * 2**20
         assert record["echo_cpu_us_per_event"] > 0
     assert "event mix:" in done.stderr
+    assert all(r["prefix_cache"] is False for r in records)
+
+
+def test_bench_prefix_cache_puts_the_eviction_path_in_the_measure() -> None:
+    """--prefix-cache: finished requests release their blocks, HBM fills with cached blocks,
+    and new blocks displace them: the broker answers with directives (the default workload
+    makes none), and still counts every event sent."""
+    args = ("bench", "--events", "20000", "--seconds", "5", "--batches", "64", "--streams", "1", "--journals", "none", "--json")
+    done = kvbroker(*args, "--prefix-cache")
+    assert done.returncode == 0, done.stderr
+    (record,) = json_lines(done.stdout)
+    check_record(record)
+    assert record["prefix_cache"] is True
+    assert record["directives"] > 0
+    assert "release their blocks" in done.stderr
+    plain = json_lines(kvbroker(*args).stdout)[0]
+    assert plain["prefix_cache"] is False and plain["directives"] == 0
+
+
+def test_prefix_cache_workload_releases_what_the_plain_one_frees() -> None:
+    plain = encode_workload(0, 3000)
+    cached = encode_workload(0, 3000, prefix_cache=True)
+    assert plain.mix.get("released", 0) == 0 and plain.mix["freed"] > 0
+    assert cached.mix.get("freed", 0) == 0 and cached.mix["released"] == plain.mix["freed"]
+    assert cached.block_ids == plain.block_ids
 
 
 def test_bench_target_drives_a_running_broker(tmp_path: Path) -> None:

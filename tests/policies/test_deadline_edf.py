@@ -22,7 +22,7 @@ from policies.base import Block, Clock, PolicyContext, PolicyError, Priority, Ti
 from policies.deadline_edf import DeadlineEDFParams, DeadlineEDFPolicy
 from policies.priority_lru import PriorityLRUPolicy
 from policies.registry import make_params, policy_class
-from tests.builders import Driver, access, alloc, update
+from tests.builders import Driver, access, alloc, release, update
 from tests.conftest import small_config
 
 MB = 1_000_000
@@ -146,6 +146,27 @@ def test_free_blocks_leave_by_class_then_request_priority_then_recency() -> None
     assert tier.order() == ["far", "y", "z", "w", "u", "x"]
     tier.update("z", request_priority=50)
     assert tier.order() == ["z", "far", "y", "w", "u", "x"]
+
+
+def test_a_released_block_leaves_before_any_block_a_request_holds() -> None:
+    """Released (cached, no request holds it): below every class, whatever its label said.
+    Among released blocks the usual order holds; a reuse makes a block ordinary again."""
+    tier = Tier()
+    tier.at(0).insert("done-hot", priority=Priority.HOT, request_priority=90)
+    tier.at(1).insert("done-warm", priority=Priority.WARM)
+    tier.at(2).insert("running-cold", priority=Priority.COLD)
+    tier.at(3).insert("running-warm", priority=Priority.WARM, request_priority=10)
+    assert tier.order() == ["running-cold", "running-warm", "done-warm", "done-hot"]
+    # The two finished requests release their blocks (the core sets released and tells
+    # the policy with update): both now leave before the COLD block a request still reads,
+    # the WARM one first (class, then request priority, then recency, among released).
+    tier.at(4).update("done-hot", released=True)
+    tier.update("done-warm", released=True)
+    assert tier.order() == ["done-warm", "done-hot", "running-cold", "running-warm"]
+    # A new request brings done-hot again (a prefix hit): referenced, HOT, most recent.
+    tier.blocks["done-hot"].released = False
+    tier.at(5).read("done-hot")
+    assert tier.order() == ["done-warm", "running-cold", "running-warm", "done-hot"]
 
 
 def test_near_blocks_go_last_latest_start_first_and_protected_ids_are_stepped_over() -> None:
@@ -331,6 +352,23 @@ def test_core_demotes_the_next_lru_block_instead_of_one_needed_soon() -> None:
     # t = 11,001: b0's deadline passed more than 10 ms ago: ordinary again, and the oldest.
     out = d.send(alloc("b10", ts=11_001))
     assert [(x.kind, x.block_id) for x in out.directives] == [(DirectiveKind.DEMOTE, "b0")]
+
+
+def test_core_demotes_a_finished_requests_cached_block_not_a_running_requests() -> None:
+    """A finished HOT request's released blocks and a running WARM request's blocks share
+    HBM; a new block needs room. priority_lru, the labels-only baseline, demotes the running
+    request's block (WARM < HOT) and the next decode step must read it back; deadline_edf
+    demotes the released one. (The bench workload with released prompts: deadline_edf
+    thrashed at a 0.60 hit rate before this rule, as priority_lru still does.)"""
+    for policy, expected in (("priority_lru", "run0"), ("deadline_edf", "done0")):
+        d = Driver(small_config(policy))
+        d.send(*(alloc(f"done{i}", ts=i, priority=pb.PRIORITY_HOT, request_id="r1") for i in range(4)))
+        d.send(
+            *(alloc(f"run{i}", ts=10 + i, priority=pb.PRIORITY_WARM, request_id="r2") for i in range(5)),
+            release(*(f"done{i}" for i in range(4)), ts=20),
+        )
+        out = d.send(alloc("run5", ts=30, priority=pb.PRIORITY_WARM, request_id="r2"))
+        assert [(x.kind, x.block_id, x.to_tier) for x in out.directives] == [(DirectiveKind.DEMOTE, expected, "dram")], policy
 
 
 def test_core_prefetches_over_a_block_of_the_same_class_that_priority_lru_would_keep() -> None:
