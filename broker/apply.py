@@ -72,7 +72,7 @@ from broker.wire import (
     read_batch,
 )
 from kvbroker.v1 import intent_pb2 as pb
-from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority, extra_fields
+from policies.base import DEFAULT_REQUEST_PRIORITY, DROPPED, Block, Phase, Priority, extra_fields, untrack
 
 # An empty Block, every slot set below (Block.__new__ is object.__new__ when interpreted).
 # Final: compiled, a module constant is a C static, not a lookup in the module's globals.
@@ -268,7 +268,8 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
         for i, name in enumerate(allowed):
             mask |= 1 << core.resolve_tier(name, f"allocated.intent.allowed_tiers[{i}]")
         block.allowed_mask = mask
-    return block
+    # A Block holds str, int and a tuple of ints only: never on a cycle (policies/_gc.c).
+    return untrack(block)
 
 
 def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str) -> None:

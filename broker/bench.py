@@ -398,7 +398,11 @@ def main(opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = 
         print("\ntargets (full path: gRPC + core + Redis journal):")
         print("\n".join(lines))
     for m in memory:
-        print(f"\nmemory: {m['blocks']:,} tracked blocks: {m['rss_bytes_per_block']:.0f} bytes of RSS per block ({m['policy']})", end="")
+        print(
+            f"\nmemory: {m['blocks']:,} tracked blocks: {m['rss_bytes_per_block']:.0f} bytes of RSS per block ({m['policy']}); "
+            f"a full garbage collection {m['gc_full_ms']:.0f} ms",
+            end="",
+        )
     if memory:
         print()
     for m in memory:

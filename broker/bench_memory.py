@@ -11,6 +11,10 @@ the structures it holds in a broker under pressure, not only its pending list. R
 (/proc/self/status VmRSS) is read after a garbage collection before and after; the
 difference over N is the figure.
 
+Beside it, what a million blocks cost the cyclic garbage collector: the objects it tracks
+(``gc.get_objects()``) and the time of one full collection (median of three), the pause a
+serving broker takes whenever one runs (policies/_gc.c says why blocks are not tracked).
+
     python bench/memory.py                       # 100k and 1M blocks
     kvbroker bench --memory --memory-blocks 100000,1000000
 """
@@ -96,6 +100,12 @@ def _child(blocks: int, policy: str) -> dict[str, Any]:
     gc.collect()
     after = _rss()
     added = blocks - first
+    pauses = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gc.collect()
+        pauses.append(time.perf_counter() - t0)
+    tracked = len(gc.get_objects())
     if rejected or len(core.blocks) != blocks:
         raise RuntimeError(f"memory bench: {rejected} allocations rejected, {len(core.blocks)} blocks tracked of {blocks}")
     return {
@@ -106,6 +116,8 @@ def _child(blocks: int, policy: str) -> dict[str, Any]:
         "rss_after_bytes": after,
         "rss_bytes_per_block": round((after - before) / added, 1) if added else None,
         "allocations_per_s": round(added / seconds, 1) if seconds > 0 else None,
+        "gc_tracked_objects": tracked,
+        "gc_full_ms": round(sorted(pauses)[1] * 1000, 1),
     }
 
 
@@ -143,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(
                 f"{blocks:>10,} blocks  {record['rss_bytes_per_block']:>8.1f} bytes of RSS per block  "
-                f"({record['policy']}, {record['allocations_per_s']:,.0f} allocations/s)",
+                f"({record['policy']}, {record['allocations_per_s']:,.0f} allocations/s; "
+                f"full gc {record['gc_full_ms']:.1f} ms over {record['gc_tracked_objects']:,} tracked objects)",
                 flush=True,
             )
     return 0

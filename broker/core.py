@@ -22,7 +22,7 @@ from mypy_extensions import mypyc_attr
 
 from broker.config import QUANT, ConfigError, CoreConfig
 from broker.stats import CoreStats
-from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, Priority, TierInfo, wants_pin
+from policies.base import DROPPED, Block, Clock, FutureUses, Policy, PolicyContext, PolicyError, Priority, TierInfo, untrack, wants_pin
 from policies.registry import make_params, policy_class
 
 _DECODE_CRITICAL: Final = int(Priority.DECODE_CRITICAL)
@@ -156,7 +156,7 @@ class RequestBlocks:
     __slots__ = ("ids", "live")
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
+        self.ids: list[str] = untrack([])
         self.live = 0
 
 
@@ -783,7 +783,9 @@ class Core:
             return
         entry = self.by_request.get(block.request_id)
         if entry is None:
-            entry = self.by_request[block.request_id] = RequestBlocks()
+            # A RequestBlocks holds a list of ids (str) and a count: never on a cycle, it and
+            # its list stay out of the cyclic collector's lists (policies/_gc.c).
+            entry = self.by_request[block.request_id] = untrack(RequestBlocks())
         entry.ids.append(block.block_id)
         entry.live += 1
 
@@ -797,7 +799,7 @@ class Core:
         if not entry.live:
             del self.by_request[request_id]
         elif len(entry.ids) > 2 * entry.live:
-            entry.ids = self._request_members(request_id, entry.ids)
+            entry.ids = untrack(self._request_members(request_id, entry.ids))
 
     def _request_members(self, request_id: str, ids: list[str]) -> list[str]:
         """The ids of ``ids`` that are live blocks of the request, each once."""

@@ -36,6 +36,8 @@ COMPILED_MODULES = (
 C_EXTENSIONS = {
     # The native reader of IntentBatch bytes (broker/wire.py says why).
     "broker._wire": "broker/_wire.c",
+    # Untracking objects that cannot be on a cycle (policies/_gc.c says why).
+    "policies._gc": "policies/_gc.c",
 }
 
 # Everything setup.py builds, by module.

@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from enum import IntEnum
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from mypy_extensions import i32, mypyc_attr, u8
 
@@ -243,6 +243,18 @@ def extra_fields(layer: int, head_group: int, spill_cost_us: int | None) -> tupl
     if layer == 0 and head_group == 0 and spill_cost_us is None:
         return None
     return (layer, head_group, spill_cost_us)
+
+
+_T = TypeVar("_T")
+
+try:
+    # Takes an object that can never be on a reference cycle out of the cyclic collector's
+    # lists (policies/_gc.c says why: full collections that walk a million blocks).
+    from policies._gc import untrack
+except ImportError:  # the pure Python build (KVBROKER_PURE_PYTHON=1): the collector keeps them
+
+    def untrack(obj: _T) -> _T:
+        return obj
 
 
 def wants_pin(block: Block) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Final
 from mypy_extensions import mypyc_attr, u8
 from sortedcontainers import SortedList
 
-from policies.base import Block, Policy, PolicyContext, take_until
+from policies.base import Block, Policy, PolicyContext, take_until, untrack
 from policies.priority_lru import PriorityLRUPolicy
 
 # Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
@@ -299,7 +299,8 @@ class DeadlineEDFPolicy(Policy):
 
     def insert(self, block: Block) -> None:
         self._sync()
-        held = _Held(block, next(self._stamps))
+        # A _Held points to its block, numbers and a tuple: never on a cycle (policies/_gc.c).
+        held = untrack(_Held(block, next(self._stamps)))
         self._held[block.block_id] = held
         self._pending[block.block_id] = held
         if not self.lazy:
