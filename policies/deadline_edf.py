@@ -4,7 +4,6 @@ by (priority class, request priority, recency), and the near ones last, latest s
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Final
@@ -65,12 +64,15 @@ class DeadlineEDFParams:
 class _Held:
     """What the policy keeps per block: its sort keys, fixed at the block's last event."""
 
-    __slots__ = ("block", "deadline", "free_key", "latest_start", "stamp", "state")
+    __slots__ = ("block", "deadline", "free_key", "in_free", "latest_start", "stamp", "state")
 
     def __init__(self, block: Block, stamp: int) -> None:
         # One per held block (a million at a time): compiled, the fields are a C struct in
         # this order. The state (0..3) is a byte beside the header's bitmap.
         self.state: u8 = UNDATED
+        # Whether ``free_key`` (this very tuple) is in ``_free``, live or stale (see "Stale
+        # entries" in the policy's docstring).
+        self.in_free = False
         self.block = block
         self.stamp = stamp
         # (class rank, request priority, stamp, block id): ``_free``'s key. A tuple of
@@ -127,6 +129,20 @@ class DeadlineEDFPolicy(Policy):
     followed by ``update``, ``access``, ``insert`` or ``remove`` of the block before any
     read that could choose it (a reuse's own cascade runs with the block protected).
 
+    Stale entries in ``_free``: a block that leaves the free order (read, updated, removed,
+    evicted, or turned NEAR) is not taken out of ``_free`` at once, which cost a bisection
+    of tuples per read of every block (a fifth of a prefix-cached workload's time); its
+    entry stays, *stale*, and ``_stale`` counts them. An entry is live only while it is its
+    held block's current ``free_key`` (the same tuple, by identity) and the block is not
+    NEAR; readers skip the others. Victims are taken from the cold end, where the stale
+    entries of read blocks drift as they age, so ``choose_victims`` pops the stale prefix
+    first; and once more than half of ``_free`` is stale (and more than ``compact_floor``
+    entries), the list is rebuilt from its live entries: O(1) amortised per event. A block
+    returning from NEAR to STALE, or re-keyed to an equal key, revives its entry instead of
+    filing a new one (``_Held.in_free``). The eager reference (``lazy = False``) removes
+    entries at once, so the random-stream test that holds lazy equal to eager checks this
+    too.
+
     Why no rescan is ever needed as time advances: keys are absolute times (L, D) and do not
     change with ``now``; only the two boundaries move, and only forward (event time never
     goes back). ``now >= L - guard`` is a prefix of ``_far``, ``now - D > stale_after`` a
@@ -169,6 +185,9 @@ class DeadlineEDFPolicy(Policy):
     # Lazy filing (see the class docstring); False files every block at its own event, the
     # reference the lazy path is tested against.
     lazy: ClassVar[bool] = True
+    # Fewest stale entries before ``_free`` may be rebuilt (see "Stale entries"); the tests
+    # set 0 to rebuild as often as the half-stale rule allows.
+    compact_floor: ClassVar[int] = 4096
 
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
@@ -179,7 +198,12 @@ class DeadlineEDFPolicy(Policy):
         self._near_by_d = SortedList()
         # Held blocks keyed at their last event but not in the lists yet (see "Lazy filing").
         self._pending: dict[str, _Held] = {}
-        self._stamps = itertools.count()
+        # Entries of _free that are not live (see "Stale entries").
+        self._stale = 0
+        self.compactions = 0  # rebuilds of _free, for the tests and the curious
+        # The last recency stamp given (an int, not itertools.count: compiled, next() is a
+        # lookup of the builtin and a call per block read).
+        self._stamp = -1
         self._synced_at = -1
         index = ctx.tier.index
         self._next_tier = ctx.tiers[index + 1] if index + 1 < len(ctx.tiers) else None
@@ -242,15 +266,51 @@ class DeadlineEDFPolicy(Policy):
         key = self._key
         free, far = self._free, self._far
         for block_id, held in pending.items():
+            old = held.free_key
             key(held)
             state = held.state
+            if held.in_free and held.free_key == old:
+                # Its stale entry is this key: revive it rather than file an equal one.
+                held.free_key = old
+                if state != NEAR:
+                    self._stale -= 1
+            else:
+                held.in_free = state != NEAR
+                if state != NEAR:
+                    free.add(held.free_key)
             if state == NEAR:
                 self._add_near(held)
-            else:
-                free.add(held.free_key)
-                if state == FAR:
-                    far.add((held.latest_start, held.stamp, block_id))
+            elif state == FAR:
+                far.add((held.latest_start, held.stamp, block_id))
         pending.clear()
+        if self._stale > self.compact_floor and 2 * self._stale > len(free):
+            self._compact()
+
+    def _drop_free(self, held: _Held) -> None:
+        """The block's ``_free`` entry stops being live (see "Stale entries")."""
+        if self.lazy:
+            self._stale += 1
+        else:
+            self._free.remove(held.free_key)
+            held.in_free = False
+
+    def _live_or_forget(self, key: tuple[Any, ...]) -> bool:
+        """Whether the ``_free`` entry ``key`` is live; a stale one that is its block's
+        current key is marked as no longer in ``_free`` (the caller takes it out)."""
+        held = self._held.get(key[3])
+        if held is None or held.free_key is not key:
+            return False
+        if held.state != NEAR:
+            return True
+        held.in_free = False
+        return False
+
+    def _compact(self) -> None:
+        """Rebuild ``_free`` from its live entries (already in order)."""
+        live = [key for key in self._free if self._live_or_forget(key)]
+        self._free = SortedList(live)
+        self._stale = 0
+        self.compactions += 1
 
     def _unfile(self, held: _Held) -> None:
         block_id = held.block.block_id
@@ -258,7 +318,7 @@ class DeadlineEDFPolicy(Policy):
             self._near.remove((held.latest_start, -held.stamp, block_id))
             self._near_by_d.remove((held.deadline, held.stamp, block_id))
         else:
-            self._free.remove(held.free_key)
+            self._drop_free(held)
             if held.state == FAR:
                 self._far.remove((held.latest_start, held.stamp, block_id))
 
@@ -281,13 +341,17 @@ class DeadlineEDFPolicy(Policy):
                 held.state = STALE  # stays in _free
             else:
                 held.state = NEAR
-                self._free.remove(held.free_key)
+                self._drop_free(held)
                 self._add_near(held)
         while near_by_d and now - near_by_d[0][0] > p.stale_after_us:
             held = self._held[near_by_d.pop(0)[2]]
             self._near.remove((held.latest_start, -held.stamp, held.block.block_id))
             held.state = STALE
-            self._free.add(held.free_key)
+            if held.in_free:
+                self._stale -= 1  # its entry, stale while NEAR, is live again
+            else:
+                self._free.add(held.free_key)
+                held.in_free = True
 
     def _get(self, block: Block) -> _Held:
         held = self._held.get(block.block_id)
@@ -300,7 +364,8 @@ class DeadlineEDFPolicy(Policy):
     def insert(self, block: Block) -> None:
         self._sync()
         # A _Held points to its block, numbers and a tuple: never on a cycle (policies/_gc.c).
-        held = untrack(_Held(block, next(self._stamps)))
+        self._stamp += 1
+        held = untrack(_Held(block, self._stamp))
         self._held[block.block_id] = held
         self._pending[block.block_id] = held
         if not self.lazy:
@@ -319,7 +384,8 @@ class DeadlineEDFPolicy(Policy):
 
     def access(self, block: Block) -> None:
         self._sync()
-        self._park(block).stamp = next(self._stamps)
+        self._stamp += 1
+        self._park(block).stamp = self._stamp
         if not self.lazy:
             self._flush()
 
@@ -328,7 +394,7 @@ class DeadlineEDFPolicy(Policy):
             super().access_many(blocks)
             return
         self._sync()
-        held_of, pending, stamps = self._held, self._pending, self._stamps
+        held_of, pending = self._held, self._pending
         for block in blocks:  # _park, written out: the loop of every decode step
             block_id = block.block_id
             held = held_of.get(block_id)
@@ -337,7 +403,8 @@ class DeadlineEDFPolicy(Policy):
             if block_id not in pending:
                 self._unfile(held)
                 pending[block_id] = held
-            held.stamp = next(stamps)
+            self._stamp += 1
+            held.stamp = self._stamp
 
     def update(self, block: Block) -> None:
         self._sync()
@@ -355,13 +422,19 @@ class DeadlineEDFPolicy(Policy):
     def _coldest_first(self) -> Iterator[Block]:
         held = self._held
         for key in self._free:
-            yield held[key[3]].block
+            entry = held.get(key[3])
+            if entry is not None and entry.free_key is key and entry.state != NEAR:
+                yield entry.block
         for key in reversed(self._near):
             yield held[key[2]].block
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
         self._sync()
         self._flush()
+        free = self._free
+        while free and not self._live_or_forget(free[0]):
+            free.pop(0)  # the stale prefix: the entries of blocks read since they aged
+            self._stale -= 1
         return take_until(self._coldest_first(), bytes_needed, protected)
 
     def is_near(self, block: Block) -> bool:

@@ -227,3 +227,24 @@ def test_memory_benchmark_reports_positive_bytes_per_block() -> None:
     # libraries alone track about 22,000; the pure build tracks every block and record too).
     untracked = importlib.util.find_spec("policies._gc") is not None
     assert (record["gc_tracked_objects"] < 60_000) is untracked, record["gc_tracked_objects"]
+
+
+def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
+    """bench/core_speed.py: every event applied (none rejected), and the prefix-cache
+    workload makes the eviction path work (directives), the default one does not."""
+    records = {}
+    for flag in ([], ["--prefix-cache"]):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "core_speed.py"), "--policies", "deadline_edf", "--events", "20000", "--json", *flag],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stderr
+        (record,) = json_lines(done.stdout)
+        records[bool(flag)] = record
+    for prefix_cache, record in records.items():
+        assert record["policy"] == "deadline_edf" and record["prefix_cache"] is prefix_cache
+        assert record["events"] == 80_000 and record["events_per_s"] > 0
+    assert records[False]["directives"] == 0 < records[True]["directives"]

@@ -17,7 +17,7 @@ from broker.apply import apply_batch
 from broker.config import parse_config
 from broker.core import Core
 from kvbroker.v1 import intent_pb2 as pb
-from policies.deadline_edf import DeadlineEDFPolicy
+from policies.deadline_edf import NEAR, DeadlineEDFPolicy
 
 CONFIG = """
 [policy]
@@ -127,9 +127,16 @@ def random_stream(seed: int, batches: int = 120) -> list[pb.IntentBatch]:
 
 
 def run(
-    batches: list[pb.IntentBatch], lazy: bool, monkeypatch: pytest.MonkeyPatch, *, ablate: bool = False
+    batches: list[pb.IntentBatch],
+    lazy: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    compactions: list[int],
+    *,
+    ablate: bool = False,
+    compact_floor: int = 4096,
 ) -> tuple[list[object], dict[str, object], list[object]]:
     monkeypatch.setattr(DeadlineEDFPolicy, "lazy", lazy)
+    monkeypatch.setattr(DeadlineEDFPolicy, "compact_floor", compact_floor)
     core = Core(parse_config(CONFIG).core, ablate_intent=ablate)
     directives: list[object] = []
     answers: list[object] = []
@@ -147,14 +154,36 @@ def run(
                 order = policy.choose_victims(sum(b.size for b in held), frozenset())
                 answers.append([b.block_id for b in order or []])
                 answers.append(sorted(b.block_id for b in held if policy.is_near(b)))
+                check_free_entries(policy)
+    compactions.append(sum(t.policy.compactions for t in core.tiers if isinstance(t.policy, DeadlineEDFPolicy)))
     return directives, core.stats.as_dict([t.name for t in core.tiers]), answers
+
+
+def check_free_entries(policy: DeadlineEDFPolicy) -> None:
+    """Right after a read (nothing parked): ``_free`` holds every free block's current key
+    once, live, and ``_stale`` other entries; ``in_free`` says whether a block's key is there."""
+    assert not policy._pending
+    present = {id(key) for key in policy._free}
+    live = 0
+    for held in policy._held.values():
+        assert held.in_free == (id(held.free_key) in present), held.block.block_id
+        if held.state != NEAR:
+            assert held.in_free, held.block.block_id
+            live += 1
+    assert len(policy._free) - policy._stale == live
+    if not policy.lazy:
+        assert policy._stale == 0
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_lazy_filing_decides_as_eager_filing_on_random_streams(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     batches = random_stream(seed)
     ablate = seed % 5 == 4  # an intent ablation hides deadlines from the policy
-    eager = run(batches, False, monkeypatch, ablate=ablate)
-    lazy = run(batches, True, monkeypatch, ablate=ablate)
+    # Odd seeds rebuild _free as soon as half of it is stale (see "Stale entries").
+    floor = 0 if seed % 2 else 4096
+    compactions: list[int] = []
+    eager = run(batches, False, monkeypatch, compactions, ablate=ablate)
+    lazy = run(batches, True, monkeypatch, compactions, ablate=ablate, compact_floor=floor)
     assert len(eager[0]) > 0
     assert lazy == eager
+    assert compactions[0] == 0 and (compactions[1] > 0) == (floor == 0), compactions

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Core speed: events per second of the broker's core alone, on ``kvbroker bench``'s workload.
+
+The load generators' engines (broker/bench_workload.py) are encoded once, cut into batches
+and serialized as IntentBatches, the streams interleaved as a broker would receive them;
+each policy then applies those bytes through the broker's reader and core (``apply_batch``)
+in this one process: no gRPC, no journal, no other process. What ``kvbroker bench``
+measures end to end, less the server; with ``--prefix-cache`` the eviction path.
+
+    python bench/core_speed.py                                   # deadline_edf and lru
+    python bench/core_speed.py --prefix-cache --repeat 3
+    python bench/core_speed.py --policies deadline_edf --events 200000 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from broker.apply import apply_batch
+from broker.bench_workload import BENCH_TIERS, encode_workload, run_tag, varint
+from broker.config import parse_config
+from broker.core import Core
+
+
+def batches(streams: int, events: int, batch: int, seed: int, prefix_cache: bool) -> list[bytes]:
+    """IntentBatch bytes of ``streams`` engines, ``events`` each, in arrival order."""
+    timed: list[tuple[int, int, bytes]] = []
+    for client in range(streams):
+        encoded = encode_workload(client, events, seed, prefix_cache=prefix_cache)
+        blob = encoded.tagged(run_tag("core-speed", 0))
+        client_id = f"bench-{client}".encode()
+        for seq, start in enumerate(range(0, encoded.count, batch), 1):
+            stop = min(start + batch, encoded.count)
+            body = blob[encoded.offsets[start] : encoded.offsets[stop]]
+            head = b"\x0a" + varint(len(client_id)) + client_id + b"\x10" + varint(seq)
+            timed.append((start, client, head + body))
+    timed.sort(key=lambda t: (t[0], t[1]))  # the streams' batches interleaved
+    return [raw for _, _, raw in timed]
+
+
+def run(policy: str, raw: list[bytes]) -> tuple[float, int, int]:
+    """Seconds to apply every batch, directives issued, rejected events."""
+    config = parse_config(f'[policy]\nname = "{policy}"\n\n{BENCH_TIERS}')
+    core = Core(config.core)
+    directives = rejected = 0
+    started = time.perf_counter()
+    for data in raw:
+        outcome = apply_batch(core, data)
+        directives += len(outcome.directives)
+        rejected += len(outcome.rejections)
+        core.take_directives()
+    return time.perf_counter() - started, directives, rejected
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policies", default="deadline_edf,lru")
+    parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--events", type=int, default=100_000, help="events per stream")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--prefix-cache", action="store_true", help="requests release their blocks (as kvbroker bench --prefix-cache)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per policy; the median is reported")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    raw = batches(args.streams, args.events, args.batch, args.seed, args.prefix_cache)
+    events = args.streams * args.events
+    records = []
+    for policy in (p for p in args.policies.split(",") if p):
+        runs = [run(policy, raw) for _ in range(max(1, args.repeat))]
+        seconds = statistics.median(r[0] for r in runs)
+        _, directives, rejected = runs[0]
+        if rejected:
+            print(f"core_speed: {policy}: {rejected} events rejected", file=sys.stderr)
+            return 1
+        record = {
+            "policy": policy,
+            "prefix_cache": args.prefix_cache,
+            "events": events,
+            "seconds": round(seconds, 3),
+            "events_per_s": round(events / seconds),
+            "directives": directives,
+            "runs": len(runs),
+        }
+        records.append(record)
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            rates = [events / r[0] for r in runs]
+            spread = f", {min(rates):,.0f}..{max(rates):,.0f}" if len(runs) > 1 else ""
+            print(f"{policy:<20} {record['events_per_s']:>10,} events/s  ({directives:,} directives; {seconds:.2f}s{spread})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
