@@ -10,6 +10,7 @@ measures end to end, less the server; with ``--prefix-cache`` the eviction path.
     python bench/core_speed.py                                   # deadline_edf and lru
     python bench/core_speed.py --prefix-cache --repeat 3
     python bench/core_speed.py --policies deadline_edf --events 200000 --json
+    python bench/core_speed.py --prefix-cache --batch 64 --latency   # per-batch apply times too
 """
 
 from __future__ import annotations
@@ -42,18 +43,39 @@ def batches(streams: int, events: int, batch: int, seed: int, prefix_cache: bool
     return [raw for _, _, raw in timed]
 
 
-def run(policy: str, raw: list[bytes]) -> tuple[float, int, int]:
-    """Seconds to apply every batch, directives issued, rejected events."""
+def run(policy: str, raw: list[bytes], latency: list[tuple[float, int]] | None = None) -> tuple[float, int, int]:
+    """Seconds to apply every batch, directives issued, rejected events. With ``latency``,
+    each batch's apply time (s) and directives are appended to it (a clock read a batch)."""
     config = parse_config(f'[policy]\nname = "{policy}"\n\n{BENCH_TIERS}')
     core = Core(config.core)
     directives = rejected = 0
-    started = time.perf_counter()
+    clock = time.perf_counter
+    started = clock()
     for data in raw:
+        if latency is not None:
+            t0 = clock()
         outcome = apply_batch(core, data)
         directives += len(outcome.directives)
         rejected += len(outcome.rejections)
         core.take_directives()
-    return time.perf_counter() - started, directives, rejected
+        if latency is not None:
+            latency.append((clock() - t0, len(outcome.directives)))
+    return clock() - started, directives, rejected
+
+
+def latency_fields(latency: list[tuple[float, int]]) -> dict[str, float | int]:
+    """Per-batch apply time percentiles (ms), and how many directives the slowest 1% made."""
+    times = sorted(t for t, _ in latency)
+    n = len(times)
+    slowest = sorted(latency, reverse=True)[: max(1, n // 100)]
+    return {
+        "batch_p50_ms": round(times[n // 2] * 1000, 3),
+        "batch_p99_ms": round(times[min(n - 1, n * 99 // 100)] * 1000, 3),
+        "batch_p999_ms": round(times[min(n - 1, n * 999 // 1000)] * 1000, 3),
+        "batch_max_ms": round(times[-1] * 1000, 3),
+        "directives_per_batch": round(sum(d for _, d in latency) / n, 2),
+        "directives_per_slowest_batch": round(sum(d for _, d in slowest) / len(slowest), 2),
+    }
 
 
 def main() -> int:
@@ -65,13 +87,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--prefix-cache", action="store_true", help="requests release their blocks (as kvbroker bench --prefix-cache)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per policy; the median is reported")
+    parser.add_argument("--latency", action="store_true", help="also each batch's apply time (first run): p50/p99/p999/max")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     raw = batches(args.streams, args.events, args.batch, args.seed, args.prefix_cache)
     events = args.streams * args.events
     records = []
     for policy in (p for p in args.policies.split(",") if p):
-        runs = [run(policy, raw) for _ in range(max(1, args.repeat))]
+        latency: list[tuple[float, int]] | None = [] if args.latency else None
+        runs = [run(policy, raw, latency if i == 0 else None) for i in range(max(1, args.repeat))]
         seconds = statistics.median(r[0] for r in runs)
         _, directives, rejected = runs[0]
         if rejected:
@@ -86,6 +110,8 @@ def main() -> int:
             "directives": directives,
             "runs": len(runs),
         }
+        if latency:
+            record.update(latency_fields(latency))
         records.append(record)
         if args.json:
             print(json.dumps(record), flush=True)
@@ -93,6 +119,13 @@ def main() -> int:
             rates = [events / r[0] for r in runs]
             spread = f", {min(rates):,.0f}..{max(rates):,.0f}" if len(runs) > 1 else ""
             print(f"{policy:<20} {record['events_per_s']:>10,} events/s  ({directives:,} directives; {seconds:.2f}s{spread})", flush=True)
+            if latency:
+                print(
+                    f"{'':<20} a batch: p50 {record['batch_p50_ms']} ms, p99 {record['batch_p99_ms']}, p999 {record['batch_p999_ms']}, "
+                    f"max {record['batch_max_ms']}; directives {record['directives_per_batch']} a batch, "
+                    f"{record['directives_per_slowest_batch']} in the slowest 1%",
+                    flush=True,
+                )
     return 0
 
 

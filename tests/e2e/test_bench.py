@@ -233,7 +233,7 @@ def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
     """bench/core_speed.py: every event applied (none rejected), and the prefix-cache
     workload makes the eviction path work (directives), the default one does not."""
     records = {}
-    for flag in ([], ["--prefix-cache"]):
+    for flag in ([], ["--prefix-cache", "--latency"]):
         done = subprocess.run(
             [sys.executable, str(ROOT / "bench" / "core_speed.py"), "--policies", "deadline_edf", "--events", "20000", "--json", *flag],
             capture_output=True,
@@ -248,3 +248,7 @@ def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
         assert record["policy"] == "deadline_edf" and record["prefix_cache"] is prefix_cache
         assert record["events"] == 80_000 and record["events_per_s"] > 0
     assert records[False]["directives"] == 0 < records[True]["directives"]
+    timed = records[True]
+    assert 0 < timed["batch_p50_ms"] <= timed["batch_p99_ms"] <= timed["batch_p999_ms"] <= timed["batch_max_ms"]
+    assert timed["directives_per_slowest_batch"] >= timed["directives_per_batch"] > 0
+    assert "batch_p99_ms" not in records[False]  # only with --latency
