@@ -264,7 +264,11 @@ class DeadlineEDFPolicy(Policy):
         if not pending:
             return
         key = self._key
-        free, far = self._free, self._far
+        # Filed together: SortedList.update merges many new keys into a list by one sort of
+        # two sorted runs (C), where adding each is a bisection in Python; a tier read
+        # seldom (a lower tier at a watermark reclaim) files thousands at once.
+        new_free: list[tuple[Any, ...]] = []
+        new_far: list[tuple[float, int, str]] = []
         for block_id, held in pending.items():
             old = held.free_key
             key(held)
@@ -277,13 +281,15 @@ class DeadlineEDFPolicy(Policy):
             else:
                 held.in_free = state != NEAR
                 if state != NEAR:
-                    free.add(held.free_key)
+                    new_free.append(held.free_key)
             if state == NEAR:
                 self._add_near(held)
             elif state == FAR:
-                far.add((held.latest_start, held.stamp, block_id))
+                new_far.append((held.latest_start, held.stamp, block_id))
         pending.clear()
-        if self._stale > self.compact_floor and 2 * self._stale > len(free):
+        self._free.update(new_free)
+        self._far.update(new_far)
+        if self._stale > self.compact_floor and 2 * self._stale > len(self._free):
             self._compact()
 
     def _drop_free(self, held: _Held) -> None:
