@@ -3,6 +3,7 @@ by (priority class, request priority, recency), and the near ones last, latest s
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
@@ -70,8 +71,8 @@ class _Held:
         # One per held block (a million at a time): compiled, the fields are a C struct in
         # this order. The state (0..3) is a byte beside the header's bitmap.
         self.state: u8 = UNDATED
-        # Whether ``free_key`` (this very tuple) is in ``_free``, live or stale (see "Stale
-        # entries" in the policy's docstring).
+        # Whether ``free_key`` (this very tuple) is in ``_free``: live, a placeholder or
+        # stale (see "Stale entries" and "Placeholders" in the policy's docstring).
         self.in_free = False
         self.block = block
         self.stamp = stamp
@@ -139,9 +140,20 @@ class DeadlineEDFPolicy(Policy):
     first; and once more than half of ``_free`` is stale (and more than ``compact_floor``
     entries), the list is rebuilt from its live entries: O(1) amortised per event. A block
     returning from NEAR to STALE, or re-keyed to an equal key, revives its entry instead of
-    filing a new one (``_Held.in_free``). The eager reference (``lazy = False``) removes
-    entries at once, so the random-stream test that holds lazy equal to eager checks this
-    too.
+    filing a new one (``_Held.in_free``).
+
+    Placeholders: a read gives a block a later stamp, so its new key sorts after its entry
+    in ``_free`` (unless an update lowered its class or request priority). Then nothing is
+    filed: the entry stays as the block's ``free_key``, a placeholder, and the victim scan
+    (``_coldest_first``), on meeting it, moves it to the block's current key, which it
+    reaches again later in the same scan if it goes that far. A block read at every decode
+    step is filed once per pass of the scan over the list instead of once per read of the
+    policy (every allocation under pressure). The order a caller sees is the order of the
+    current keys, as before: a placeholder's current key, computed from its fields when
+    met, is the key the read would have filed (the fields change only with events that
+    park the block again). The eager reference (``lazy = False``) removes entries at once
+    and never keeps a placeholder, so the random-stream test that holds lazy equal to eager
+    checks all of this too.
 
     Why no rescan is ever needed as time advances: keys are absolute times (L, D) and do not
     change with ``now``; only the two boundaries move, and only forward (event time never
@@ -200,6 +212,8 @@ class DeadlineEDFPolicy(Policy):
         self._pending: dict[str, _Held] = {}
         # Entries of _free that are not live (see "Stale entries").
         self._stale = 0
+        # Keys of _free not yet in it (see _coldest_first): sorted, merged by _flush.
+        self._moved: list[tuple[Any, ...]] = []
         self.compactions = 0  # rebuilds of _free, for the tests and the curious
         # The last recency stamp given (an int, not itertools.count: compiled, next() is a
         # lookup of the builtin and a call per block read).
@@ -245,11 +259,17 @@ class DeadlineEDFPolicy(Policy):
             return NEAR
         return FAR
 
+    @staticmethod
+    def _free_key(held: _Held) -> tuple[Any, ...]:
+        """The block's place in the free order, from its fields and stamp now."""
+        block = held.block
+        rank, request_priority = free_rank(block)
+        return (rank, request_priority, held.stamp, block.block_id)
+
     def _key(self, held: _Held) -> None:
         """Compute the block's keys and state from its fields now (step 1)."""
         block = held.block
-        rank, request_priority = free_rank(block)
-        held.free_key = (rank, request_priority, held.stamp, block.block_id)
+        held.free_key = self._free_key(held)
         deadline = block.deadline_us
         if deadline is None:
             held.state = UNDATED
@@ -260,6 +280,9 @@ class DeadlineEDFPolicy(Policy):
 
     def _flush(self) -> None:
         """Key every parked block from its fields now and file it (see "Lazy filing")."""
+        if self._moved:  # the placeholders the last scan moved (see _coldest_first)
+            self._free.update(self._moved)
+            self._moved = []
         pending = self._pending
         if not pending:
             return
@@ -273,8 +296,9 @@ class DeadlineEDFPolicy(Policy):
             old = held.free_key
             key(held)
             state = held.state
-            if held.in_free and held.free_key == old:
-                # Its stale entry is this key: revive it rather than file an equal one.
+            if held.in_free and held.free_key >= old:
+                # Its entry is this key, or an earlier place (a read moved it towards the hot
+                # end): it stays, as a placeholder the victim scan moves (see "Stale entries").
                 held.free_key = old
                 if state != NEAR:
                     self._stale -= 1
@@ -300,21 +324,28 @@ class DeadlineEDFPolicy(Policy):
             self._free.remove(held.free_key)
             held.in_free = False
 
-    def _live_or_forget(self, key: tuple[Any, ...]) -> bool:
-        """Whether the ``_free`` entry ``key`` is live; a stale one that is its block's
-        current key is marked as no longer in ``_free`` (the caller takes it out)."""
+    def _holder(self, key: tuple[Any, ...], forget: bool) -> _Held | None:
+        """The held block whose entry ``key`` is (live or a placeholder), or None for a
+        stale entry. With ``forget``, a stale entry that is its NEAR block's ``free_key`` is
+        marked as no longer in ``_free``: the caller takes it out."""
         held = self._held.get(key[3])
         if held is None or held.free_key is not key:
-            return False
+            return None
         if held.state != NEAR:
-            return True
-        held.in_free = False
-        return False
+            return held
+        if forget:
+            held.in_free = False
+        return None
 
     def _compact(self) -> None:
-        """Rebuild ``_free`` from its live entries (already in order)."""
-        live = [key for key in self._free if self._live_or_forget(key)]
-        self._free = SortedList(live)
+        """Rebuild ``_free`` from its blocks' current keys (placeholders moved to theirs)."""
+        keys = []
+        for key in self._free:
+            held = self._holder(key, True)
+            if held is not None:
+                held.free_key = self._free_key(held)
+                keys.append(held.free_key)
+        self._free = SortedList(keys)
         self._stale = 0
         self.compactions += 1
 
@@ -426,21 +457,42 @@ class DeadlineEDFPolicy(Policy):
         del self._held[block.block_id]
 
     def _coldest_first(self) -> Iterator[Block]:
-        held = self._held
-        for key in self._free:
-            entry = held.get(key[3])
-            if entry is not None and entry.free_key is key and entry.state != NEAR:
-                yield entry.block
+        """The free blocks in order, then the near ones. The stale prefix of ``_free`` is
+        popped first; then ``_free`` is walked with its own iterator (an index per entry
+        cost a walk of its position tree, and a reclaim passes thousands of stale entries),
+        skipping stale entries, and a placeholder met on the way is moved to its block's
+        current key, later in the order, where the walk reaches it again."""
+        free, held_of = self._free, self._held
+        while free and self._holder(free[0], True) is None:
+            free.pop(0)
+            self._stale -= 1
+        # The current keys of the placeholders met, in order; merged into _free by the next
+        # _flush (every read starts with one), not filed during the walk.
+        moved = self._moved
+        j = 0
+        for key in free:
+            held = self._holder(key, False)
+            if held is None:
+                continue
+            current = self._free_key(held)
+            if current != key:
+                held.free_key = current  # a placeholder: the block's place is later
+                bisect.insort(moved, current)  # after every key yielded so far
+                self._stale += 1  # its old entry, now stale
+                continue
+            while j < len(moved) and moved[j] < key:
+                yield held_of[moved[j][3]].block
+                j += 1
+            yield held.block
+        while j < len(moved):
+            yield held_of[moved[j][3]].block
+            j += 1
         for key in reversed(self._near):
-            yield held[key[2]].block
+            yield held_of[key[2]].block
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
         self._sync()
         self._flush()
-        free = self._free
-        while free and not self._live_or_forget(free[0]):
-            free.pop(0)  # the stale prefix: the entries of blocks read since they aged
-            self._stale -= 1
         return take_until(self._coldest_first(), bytes_needed, protected)
 
     def is_near(self, block: Block) -> bool:
@@ -465,7 +517,7 @@ class DeadlineEDFPolicy(Policy):
             held = self._held.get(victim.block_id)
             if held is None:
                 held = self._describe(victim)
-            if held.free_key[0] > rank:
+            if self._free_key(held)[0] > rank:
                 return False
             if held.state in (FAR, NEAR) and held.latest_start <= must_start:
                 return False

@@ -130,7 +130,7 @@ def run(
     batches: list[pb.IntentBatch],
     lazy: bool,
     monkeypatch: pytest.MonkeyPatch,
-    compactions: list[int],
+    counts: list[tuple[int, int]],
     *,
     ablate: bool = False,
     compact_floor: int = 4096,
@@ -139,6 +139,7 @@ def run(
     monkeypatch.setattr(DeadlineEDFPolicy, "compact_floor", compact_floor)
     core = Core(parse_config(CONFIG).core, ablate_intent=ablate)
     directives: list[object] = []
+    placeholders = 0
     answers: list[object] = []
     for i, batch in enumerate(batches):
         outcome = apply_batch(core, batch)
@@ -151,28 +152,38 @@ def run(
                 policy = tier.policy
                 assert isinstance(policy, DeadlineEDFPolicy)
                 held = [b for b in core.blocks.values() if b.tier == tier.index and not b.pinned]
-                order = policy.choose_victims(sum(b.size for b in held), frozenset())
-                answers.append([b.block_id for b in order or []])
                 answers.append(sorted(b.block_id for b in held if policy.is_near(b)))
-                check_free_entries(policy)
-    compactions.append(sum(t.policy.compactions for t in core.tiers if isinstance(t.policy, DeadlineEDFPolicy)))
+                placeholders += check_free_entries(policy)
+                # A partial scan (it moves the placeholders it meets), then the whole order.
+                total = sum(b.size for b in held)
+                for need in (total // 3, total):
+                    order = policy.choose_victims(need, frozenset())
+                    answers.append([b.block_id for b in order or []])
+                    check_free_entries(policy)
+    compactions = sum(t.policy.compactions for t in core.tiers if isinstance(t.policy, DeadlineEDFPolicy))
+    counts.append((compactions, placeholders))
     return directives, core.stats.as_dict([t.name for t in core.tiers]), answers
 
 
-def check_free_entries(policy: DeadlineEDFPolicy) -> None:
-    """Right after a read (nothing parked): ``_free`` holds every free block's current key
-    once, live, and ``_stale`` other entries; ``in_free`` says whether a block's key is there."""
+def check_free_entries(policy: DeadlineEDFPolicy) -> int:
+    """Right after a read (nothing parked): ``_free`` holds one entry per free block, its
+    current key or a placeholder before it, and ``_stale`` other entries; ``in_free`` says
+    whether a block's ``free_key`` is there."""
     assert not policy._pending
-    present = {id(key) for key in policy._free}
+    # Keys a scan moved wait in _moved until the next read merges them into _free.
+    present = {id(key) for key in policy._free} | {id(key) for key in policy._moved}
+    assert policy._moved == sorted(policy._moved)
     live = 0
     for held in policy._held.values():
         assert held.in_free == (id(held.free_key) in present), held.block.block_id
         if held.state != NEAR:
-            assert held.in_free, held.block.block_id
+            # Its entry: its current key, or a placeholder earlier in the order.
+            assert held.in_free and held.free_key <= policy._free_key(held), held.block.block_id
             live += 1
-    assert len(policy._free) - policy._stale == live
+    assert len(policy._free) + len(policy._moved) - policy._stale == live
     if not policy.lazy:
         assert policy._stale == 0
+    return sum(1 for h in policy._held.values() if h.state != NEAR and h.free_key != policy._free_key(h))
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -181,9 +192,11 @@ def test_lazy_filing_decides_as_eager_filing_on_random_streams(seed: int, monkey
     ablate = seed % 5 == 4  # an intent ablation hides deadlines from the policy
     # Odd seeds rebuild _free as soon as half of it is stale (see "Stale entries").
     floor = 0 if seed % 2 else 4096
-    compactions: list[int] = []
-    eager = run(batches, False, monkeypatch, compactions, ablate=ablate)
-    lazy = run(batches, True, monkeypatch, compactions, ablate=ablate, compact_floor=floor)
+    counts: list[tuple[int, int]] = []  # (rebuilds of _free, placeholders seen) of each run
+    eager = run(batches, False, monkeypatch, counts, ablate=ablate)
+    lazy = run(batches, True, monkeypatch, counts, ablate=ablate, compact_floor=floor)
     assert len(eager[0]) > 0
     assert lazy == eager
-    assert compactions[0] == 0 and (compactions[1] > 0) == (floor == 0), compactions
+    (eager_rebuilds, eager_placeholders), (rebuilds, placeholders) = counts
+    assert eager_rebuilds == eager_placeholders == 0 and (rebuilds > 0) == (floor == 0), counts
+    assert placeholders > 0, counts  # the lazy run kept placeholders, and was read with them
