@@ -208,16 +208,15 @@ def test_bench_refuses_bad_flags() -> None:
     assert done.returncode == 2 and "cannot reach 127.0.0.1:1" in done.stderr
 
 
-def test_memory_benchmark_reports_positive_bytes_per_block() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "memory.py"), "--blocks", "60000", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
+def bench_script(script: str, *args: str) -> list[dict[str, Any]]:
+    """The JSON records a script under bench/ prints (it must exit 0)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    (record,) = json_lines(done.stdout)
+    return json_lines(done.stdout)
+
+
+def test_memory_benchmark_reports_positive_bytes_per_block() -> None:
+    (record,) = bench_script("memory.py", "--blocks", "60000", "--json")
     assert record["kind"] == "memory" and record["blocks"] == 60000 and record["policy"] == "deadline_edf"
     assert record["rss_after_bytes"] > record["rss_before_bytes"]
     assert record["rss_bytes_per_block"] > 0
@@ -234,15 +233,7 @@ def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
     workload makes the eviction path work (directives), the default one does not."""
     records = {}
     for flag in ([], ["--prefix-cache", "--latency"]):
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "core_speed.py"), "--policies", "deadline_edf", "--events", "20000", "--json", *flag],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        assert done.returncode == 0, done.stderr
-        (record,) = json_lines(done.stdout)
+        (record,) = bench_script("core_speed.py", "--policies", "deadline_edf", "--events", "20000", "--json", *flag)
         records[bool(flag)] = record
     for prefix_cache, record in records.items():
         assert record["policy"] == "deadline_edf" and record["prefix_cache"] is prefix_cache
