@@ -11,6 +11,7 @@ measures end to end, less the server; with ``--prefix-cache`` the eviction path.
     python bench/core_speed.py --prefix-cache --repeat 3
     python bench/core_speed.py --policies deadline_edf --events 200000 --json
     python bench/core_speed.py --prefix-cache --batch 64 --latency   # per-batch apply times too
+    python bench/core_speed.py --prefix-cache --latency --watermarks 0.95,0.945   # smaller reclaims
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 
 from broker.apply import apply_batch
 from broker.bench_workload import BENCH_TIERS, encode_workload, run_tag, varint
-from broker.config import parse_config
+from broker.config import ConfigError, parse_config
 from broker.core import Core
 
 
@@ -43,10 +44,20 @@ def batches(streams: int, events: int, batch: int, seed: int, prefix_cache: bool
     return [raw for _, _, raw in timed]
 
 
-def run(policy: str, raw: list[bytes], latency: list[tuple[float, int]] | None = None) -> tuple[float, int, int]:
+def tiers_toml(watermarks: tuple[float, float] | None) -> str:
+    """The bench's tiers, each with these (high, low) watermarks if given."""
+    if watermarks is None:
+        return BENCH_TIERS
+    high, low = watermarks
+    return BENCH_TIERS.replace("[[tiers]]\n", f"[[tiers]]\nhigh_watermark = {high}\nlow_watermark = {low}\n")
+
+
+def run(
+    policy: str, raw: list[bytes], latency: list[tuple[float, int]] | None = None, watermarks: tuple[float, float] | None = None
+) -> tuple[float, int, int]:
     """Seconds to apply every batch, directives issued, rejected events. With ``latency``,
     each batch's apply time (s) and directives are appended to it (a clock read a batch)."""
-    config = parse_config(f'[policy]\nname = "{policy}"\n\n{BENCH_TIERS}')
+    config = parse_config(f'[policy]\nname = "{policy}"\n\n{tiers_toml(watermarks)}')
     core = Core(config.core)
     directives = rejected = 0
     clock = time.perf_counter
@@ -88,14 +99,28 @@ def main() -> int:
     parser.add_argument("--prefix-cache", action="store_true", help="requests release their blocks (as kvbroker bench --prefix-cache)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per policy; the median is reported")
     parser.add_argument("--latency", action="store_true", help="also each batch's apply time (first run): p50/p99/p999/max")
+    parser.add_argument(
+        "--watermarks", default="", help="HIGH,LOW: every tier's high_watermark and low_watermark (default: the config's 0.95,0.90)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    watermarks = None
+    if args.watermarks:
+        try:
+            high, low = (float(w) for w in args.watermarks.split(","))
+        except ValueError:
+            parser.error(f"--watermarks: want HIGH,LOW (two numbers), got {args.watermarks!r}")
+        watermarks = (high, low)
+        try:
+            parse_config(tiers_toml(watermarks))
+        except ConfigError as exc:
+            parser.error(f"--watermarks: {exc}")
     raw = batches(args.streams, args.events, args.batch, args.seed, args.prefix_cache)
     events = args.streams * args.events
     records = []
     for policy in (p for p in args.policies.split(",") if p):
         latency: list[tuple[float, int]] | None = [] if args.latency else None
-        runs = [run(policy, raw, latency if i == 0 else None) for i in range(max(1, args.repeat))]
+        runs = [run(policy, raw, latency if i == 0 else None, watermarks) for i in range(max(1, args.repeat))]
         seconds = statistics.median(r[0] for r in runs)
         _, directives, rejected = runs[0]
         if rejected:
@@ -104,6 +129,7 @@ def main() -> int:
         record = {
             "policy": policy,
             "prefix_cache": args.prefix_cache,
+            "watermarks": list(watermarks) if watermarks else None,
             "events": events,
             "seconds": round(seconds, 3),
             "events_per_s": round(events / seconds),

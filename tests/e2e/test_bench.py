@@ -243,3 +243,17 @@ def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
     assert 0 < timed["batch_p50_ms"] <= timed["batch_p99_ms"] <= timed["batch_p999_ms"] <= timed["batch_max_ms"]
     assert timed["directives_per_slowest_batch"] >= timed["directives_per_batch"] > 0
     assert "batch_p99_ms" not in records[False]  # only with --latency
+    assert records[True]["watermarks"] is None
+
+
+def test_core_speed_watermarks_make_smaller_reclaims() -> None:
+    """A low watermark close to the high one: reclaims of fewer blocks, more often."""
+    wide, narrow = (
+        bench_script("core_speed.py", "--policies", "lru", "--events", "20000", "--prefix-cache", "--latency", "--json", *extra)[0]
+        for extra in ([], ["--watermarks", "0.95,0.945"])
+    )
+    assert narrow["watermarks"] == [0.95, 0.945]
+    assert narrow["directives_per_slowest_batch"] < wide["directives_per_slowest_batch"]
+    argv = [sys.executable, str(ROOT / "bench" / "core_speed.py"), "--watermarks", "0.9,0.95"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "--watermarks" in done.stderr and "low_watermark" in done.stderr
