@@ -22,11 +22,15 @@ def free_port() -> int:
 class RedisServer:
     """``redis-server`` with no persistence while it runs. With ``directory`` it saves its
     data there when stopped (SIGTERM) and loads it when started again, as a Redis with
-    persistence comes back; without, it comes back empty."""
+    persistence comes back; without, it comes back empty. ``args`` are more redis-server
+    options; with ``password`` (its ``--requirepass``) the readiness check and ``client()``
+    authenticate."""
 
-    def __init__(self, port: int, directory: Path | None = None) -> None:
+    def __init__(self, port: int, directory: Path | None = None, *, args: tuple[str, ...] = (), password: str | None = None) -> None:
         self.port = port
         self.directory = directory
+        self.args = args
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -39,8 +43,10 @@ class RedisServer:
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no"]
         if self.directory is not None:
             args += ["--dir", str(self.directory), "--shutdown-on-sigterm", "save"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        if self.password is not None:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen([*args, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
         try:
             while True:
@@ -64,5 +70,5 @@ class RedisServer:
                 self.proc.wait(timeout=10)
         self.proc = None
 
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+    def client(self, db: int = 0) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, db=db, socket_timeout=5)

@@ -11,9 +11,8 @@ state of Redis between two writes matters; the writer task where the spool logic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -107,13 +106,21 @@ def fresh_key(client: redis.Redis) -> Iterator[Callable[[], str]]:
         client.delete(key, directives_key(key))
 
 
+@contextlib.asynccontextmanager
+async def opened(journal: RedisJournal) -> AsyncIterator[RedisJournal]:
+    """``journal`` with its backend open but no writer task (the test calls the hooks),
+    closed afterwards."""
+    await journal._open_backend()
+    try:
+        yield journal
+    finally:
+        await journal._close_backend()
+
+
 @pytest.fixture
 async def journal(fresh_key: Callable[[], str]) -> AsyncIterator[RedisJournal]:
-    """A Redis journal with its backend open but no writer task: the test calls the hooks."""
-    j = RedisJournal(REDIS_URL, fresh_key(), maxlen=100_000)
-    await j._open_backend()
-    yield j
-    await j._close_backend()
+    async with opened(RedisJournal(REDIS_URL, fresh_key(), maxlen=100_000)) as j:
+        yield j
 
 
 # ---- what goes to Redis -----------------------------------------------------------------------
@@ -240,9 +247,7 @@ class UndoLostOnce(RedisJournal):
 
 async def test_an_undo_that_failed_is_finished_before_the_read_back(fresh_key: Callable[[], str], client: redis.Redis) -> None:
     stream = fresh_key()
-    journal = UndoLostOnce(REDIS_URL, stream, maxlen=100_000)
-    await journal._open_backend()
-    try:
+    async with opened(UndoLostOnce(REDIS_URL, stream, maxlen=100_000)) as journal:
         await journal._write_tagged([rec(0)], EPOCH, 1)
         client.set(directives_key(stream), b"not a stream")
         with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
@@ -251,11 +256,17 @@ async def test_an_undo_that_failed_is_finished_before_the_read_back(fresh_key: C
         client.delete(directives_key(stream))
         assert await journal._applied(EPOCH) == 1
         assert client.xlen(stream) == 1
-    finally:
-        await journal._close_backend()
 
 
 # ---- lost and stuck connections ---------------------------------------------------------------
+
+
+@pytest.fixture
+def admin(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the test's own redis-server, for CLIENT PAUSE/KILL and CONFIG."""
+    c = redis_server.client()
+    yield c
+    c.close()
 
 
 def writer_ids(admin: redis.Redis) -> set[str]:
@@ -270,11 +281,10 @@ async def wait_blocked(admin: redis.Redis) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_new_one(redis_server: RedisServer) -> None:
-    admin = redis_server.client()
-    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
-    await journal._open_backend()
-    try:
+async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_new_one(
+    redis_server: RedisServer, admin: redis.Redis
+) -> None:
+    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000)) as journal:
         await journal._write_tagged([rec(0), rec(1)], EPOCH, 2)
         first = writer_ids(admin)
         admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")  # holds the group mid-transaction
@@ -291,19 +301,13 @@ async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_ne
         assert await journal._applied(EPOCH) == 4
         assert [dict(row)[b"d"] for row in entries(admin, "s")] == [rec(i).payload for i in range(4)]
         assert not writer_ids(admin) & first
-    finally:
-        await journal._close_backend()
-        admin.close()
 
 
 async def test_a_write_without_an_answer_times_out_and_the_next_write_uses_a_new_connection(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_stream, "SOCKET_TIMEOUT_S", 0.3)
-    admin = redis_server.client()
-    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
-    await journal._open_backend()
-    try:
+    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000)) as journal:
         await journal._write_tagged([rec(0)], EPOCH, 1)
         first = writer_ids(admin)
         admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
@@ -317,18 +321,14 @@ async def test_a_write_without_an_answer_times_out_and_the_next_write_uses_a_new
         await journal._write_tagged([rec(1)], EPOCH, 2)
         assert await journal._applied(EPOCH) == 2
         assert not writer_ids(admin) & first
-    finally:
-        await journal._close_backend()
-        admin.close()
 
 
-async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_reply_behind(redis_server: RedisServer) -> None:
+async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_reply_behind(
+    redis_server: RedisServer, admin: redis.Redis
+) -> None:
     """An error reply to a queued XADD (OOM) aborts the transaction; the replies after it
     are never read, so the connection must not serve the next write."""
-    admin = redis_server.client()
-    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
-    await journal._open_backend()
-    try:
+    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000)) as journal:
         await journal._write_tagged([rec(0)], EPOCH, 1)
         first = writer_ids(admin)
         admin.config_set("maxmemory", 1)  # with noeviction, every XADD is refused while queued
@@ -342,15 +342,10 @@ async def test_a_command_refused_while_queued_fails_the_group_and_leaves_no_repl
         assert await journal._applied(EPOCH) == 4
         assert [dict(row)[b"d"] for row in entries(admin, "s")] == [rec(i).payload for i in range(4)]
         assert not writer_ids(admin) & first
-    finally:
-        await journal._close_backend()
-        admin.close()
 
 
 async def test_a_write_while_redis_is_down_raises_and_writes_again_once_it_is_back(redis_server: RedisServer) -> None:
-    journal = RedisJournal(redis_server.url, "s", maxlen=1000)
-    await journal._open_backend()
-    try:
+    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000)) as journal:
         await journal._write_tagged([rec(0)], EPOCH, 1)
         redis_server.stop()
         with pytest.raises(redis.ConnectionError):
@@ -360,14 +355,12 @@ async def test_a_write_while_redis_is_down_raises_and_writes_again_once_it_is_ba
         redis_server.start()  # without persistence: it comes back empty
         await journal._write_tagged([rec(1)], EPOCH, 2)
         assert await journal._applied(EPOCH) == 2
-    finally:
-        await journal._close_backend()
 
 
 # ---- what the URL says: AUTH, ACL user, db, TLS, unix socket ----------------------------------
 
 
-class SecuredRedis:
+class SecuredRedis(RedisServer):
     """A test-owned ``redis-server`` that wants a password (and has an ACL user ``writer``),
     on a plain port, a TLS port and a unix socket."""
 
@@ -375,47 +368,24 @@ class SecuredRedis:
     USER_PASSWORD = "pw-writer"
 
     def __init__(self, folder: Path) -> None:
-        self.port = self.tls_port = free_port()
-        while self.tls_port == self.port:
+        port = self.tls_port = free_port()
+        while self.tls_port == port:
             self.tls_port = free_port()
         self.socket = str(folder / "redis.sock")
         ca = Authority(folder, "ca")
         server = ca.issue("redis", server=True)
         self.ca_path = ca.ca_path
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (.ci/run installs it)"
-        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        args += ["--requirepass", self.PASSWORD, "--unixsocket", self.socket, "--unixsocketperm", "700"]
-        args += ["--tls-port", str(self.tls_port), "--tls-cert-file", str(server.cert), "--tls-key-file", str(server.key)]
-        args += ["--tls-ca-cert-file", str(ca.ca_path), "--tls-auth-clients", "no"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.admin = redis.Redis(host="127.0.0.1", port=self.port, password=self.PASSWORD, socket_timeout=5, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.admin.ping()
-                break
-            except redis.ConnectionError:
-                assert self.proc.poll() is None, f"redis-server exited with {self.proc.returncode}"
-                assert time.monotonic() < deadline, "redis-server did not answer within 10s"
-                time.sleep(0.02)
-        self.admin.execute_command("ACL", "SETUSER", "writer", "on", f">{self.USER_PASSWORD}", "~*", "+@all")
+        args = ("--unixsocket", self.socket, "--unixsocketperm", "700")
+        args += ("--tls-port", str(self.tls_port), "--tls-cert-file", str(server.cert), "--tls-key-file", str(server.key))
+        args += ("--tls-ca-cert-file", str(ca.ca_path), "--tls-auth-clients", "no")
+        super().__init__(port, args=args, password=self.PASSWORD)
+        self.start()
+        with contextlib.closing(self.client()) as admin:
+            admin.execute_command("ACL", "SETUSER", "writer", "on", f">{self.USER_PASSWORD}", "~*", "+@all")
 
     def holds(self, db: int, key: str) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.PASSWORD, db=db, socket_timeout=5)
-        try:
+        with contextlib.closing(self.client(db)) as client:
             return bool(client.exists(key))
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        self.admin.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -441,13 +411,9 @@ def secured_url(server: SecuredRedis, shape: str) -> tuple[str, int]:
 async def test_the_writer_connects_as_the_url_says(secured_redis: SecuredRedis, shape: str) -> None:
     url, db = secured_url(secured_redis, shape)
     stream = f"kvbroker-test:{shape}:{uuid.uuid4().hex}"
-    journal = RedisJournal(url, stream, maxlen=1000)
-    await journal._open_backend()
-    try:
+    async with opened(RedisJournal(url, stream, maxlen=1000)) as journal:
         await journal._write_tagged([rec(0), rec(1, RecordKind.DIRECTIVES), rec(2)], EPOCH, 3)
         assert await journal._applied(EPOCH) == 3
-    finally:
-        await journal._close_backend()
     reader = redis.Redis.from_url(url)
     try:
         assert [dict(row)[b"d"] for row in entries(reader, stream)] == [rec(0).payload, rec(2).payload]
@@ -457,10 +423,6 @@ async def test_the_writer_connects_as_the_url_says(secured_redis: SecuredRedis, 
 
 
 async def test_a_wrong_password_fails_the_write_instead_of_hanging(secured_redis: SecuredRedis) -> None:
-    journal = RedisJournal(f"redis://:wrong@127.0.0.1:{secured_redis.port}/0", "s", maxlen=1000)
-    await journal._open_backend()
-    try:
+    async with opened(RedisJournal(f"redis://:wrong@127.0.0.1:{secured_redis.port}/0", "s", maxlen=1000)) as journal:
         with pytest.raises(redis.AuthenticationError):
             await asyncio.wait_for(journal._write_tagged([rec(0)], EPOCH, 1), 10)
-    finally:
-        await journal._close_backend()
