@@ -23,7 +23,7 @@ import sys
 import time
 
 from broker.apply import apply_batch
-from broker.bench_workload import BENCH_TIERS, encode_workload, run_tag, varint
+from broker.bench_workload import BENCH_TIERS, encode_workload, intent_batch, run_tag
 from broker.config import ConfigError, parse_config
 from broker.core import Core
 
@@ -37,9 +37,7 @@ def batches(streams: int, events: int, batch: int, seed: int, prefix_cache: bool
         client_id = f"bench-{client}".encode()
         for seq, start in enumerate(range(0, encoded.count, batch), 1):
             stop = min(start + batch, encoded.count)
-            body = blob[encoded.offsets[start] : encoded.offsets[stop]]
-            head = b"\x0a" + varint(len(client_id)) + client_id + b"\x10" + varint(seq)
-            timed.append((start, client, head + body))
+            timed.append((start, client, intent_batch(client_id, seq, blob[encoded.offsets[start] : encoded.offsets[stop]])))
     timed.sort(key=lambda t: (t[0], t[1]))  # the streams' batches interleaved
     return [raw for _, _, raw in timed]
 

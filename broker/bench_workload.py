@@ -76,10 +76,15 @@ def run_tag(nonce: str, run: int) -> bytes:
     return tag
 
 
+def intent_batch(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
+    """``IntentBatch{client_id, batch_seq, events}`` on the wire; ``events`` is a slice of
+    the blob (already tagged ``events`` fields)."""
+    return b"\x0a" + varint(len(client_id)) + client_id + b"\x10" + varint(batch_seq) + events
+
+
 def stream_request(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
-    """``StreamRequest{batch: IntentBatch{client_id, batch_seq, events}}`` on the wire;
-    ``events`` is a slice of the blob (already tagged ``events`` fields)."""
-    batch = b"\x0a" + varint(len(client_id)) + client_id + b"\x10" + varint(batch_seq) + events
+    """``StreamRequest{batch: IntentBatch{...}}`` on the wire (``intent_batch``)."""
+    batch = intent_batch(client_id, batch_seq, events)
     return b"\x12" + varint(len(batch)) + batch
 
 
