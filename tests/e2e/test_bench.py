@@ -241,7 +241,9 @@ def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
     assert records[False]["directives"] == 0 < records[True]["directives"]
     timed = records[True]
     assert 0 < timed["batch_p50_ms"] <= timed["batch_p99_ms"] <= timed["batch_p999_ms"] <= timed["batch_max_ms"]
-    assert timed["directives_per_slowest_batch"] >= timed["directives_per_batch"] > 0
+    # Which batches are slowest is a timing; what they made is bounded by the largest batch.
+    assert timed["directives_max_batch"] >= timed["directives_per_batch"] > 0
+    assert 0 <= timed["directives_per_slowest_batch"] <= timed["directives_max_batch"]
     assert "batch_p99_ms" not in records[False]  # only with --latency
     assert records[True]["watermarks"] is None
 
@@ -253,7 +255,8 @@ def test_core_speed_watermarks_make_smaller_reclaims() -> None:
         for extra in ([], ["--watermarks", "0.95,0.945"])
     )
     assert narrow["watermarks"] == [0.95, 0.945]
-    assert narrow["directives_per_slowest_batch"] < wide["directives_per_slowest_batch"]
+    # The largest reclaim, not the slowest 1% of batches: which batches are slowest is a timing.
+    assert narrow["directives_max_batch"] < wide["directives_max_batch"]
     argv = [sys.executable, str(ROOT / "bench" / "core_speed.py"), "--watermarks", "0.9,0.95"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "--watermarks" in done.stderr and "low_watermark" in done.stderr
