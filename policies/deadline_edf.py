@@ -136,9 +136,9 @@ class DeadlineEDFPolicy(Policy):
     entry stays, *stale*, and ``_stale`` counts them. An entry is live only while it is its
     held block's current ``free_key`` (the same tuple, by identity) and the block is not
     NEAR; readers skip the others. Victims are taken from the cold end, where the stale
-    entries of read blocks drift as they age, so ``choose_victims`` pops the stale prefix
+    entries of read blocks drift as they age, so the victim scan pops the stale prefix
     first; and once more than half of ``_free`` is stale (and more than ``compact_floor``
-    entries), the list is rebuilt from its live entries: O(1) amortised per event. A block
+    entries), the list is rebuilt from its blocks' current keys: O(1) amortised per event. A block
     returning from NEAR to STALE, or re-keyed to an equal key, revives its entry instead of
     filing a new one (``_Held.in_free``).
 
@@ -298,7 +298,7 @@ class DeadlineEDFPolicy(Policy):
             state = held.state
             if held.in_free and held.free_key >= old:
                 # Its entry is this key, or an earlier place (a read moved it towards the hot
-                # end): it stays, as a placeholder the victim scan moves (see "Stale entries").
+                # end): it stays, as a placeholder the victim scan moves (see "Placeholders").
                 held.free_key = old
                 if state != NEAR:
                     self._stale -= 1
@@ -517,7 +517,7 @@ class DeadlineEDFPolicy(Policy):
             held = self._held.get(victim.block_id)
             if held is None:
                 held = self._describe(victim)
-            if self._free_key(held)[0] > rank:
+            if free_rank(victim)[0] > rank:  # held.block is victim
                 return False
             if held.state in (FAR, NEAR) and held.latest_start <= must_start:
                 return False
