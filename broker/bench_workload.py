@@ -27,6 +27,7 @@ import dataclasses
 import random
 from array import array
 
+from broker.wire import length_delimited, varint
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -60,15 +61,6 @@ bandwidth_gb_per_s = 6.0
 """
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def run_tag(nonce: str, run: int) -> bytes:
     """The replacement of MARK for one run: ``~`` + 8 hex digits + 6 digits + ``~``."""
     tag = f"~{nonce[:8]:0>8}{run % 1_000_000:06d}~".encode()
@@ -79,13 +71,12 @@ def run_tag(nonce: str, run: int) -> bytes:
 def intent_batch(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
     """``IntentBatch{client_id, batch_seq, events}`` on the wire; ``events`` is a slice of
     the blob (already tagged ``events`` fields)."""
-    return b"\x0a" + varint(len(client_id)) + client_id + b"\x10" + varint(batch_seq) + events
+    return length_delimited(b"\x0a", client_id) + b"\x10" + varint(batch_seq) + events
 
 
 def stream_request(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
     """``StreamRequest{batch: IntentBatch{...}}`` on the wire (``intent_batch``)."""
-    batch = intent_batch(client_id, batch_seq, events)
-    return b"\x12" + varint(len(batch)) + batch
+    return length_delimited(b"\x12", intent_batch(client_id, batch_seq, events))
 
 
 def hello_request(client_id: str) -> bytes:
@@ -95,7 +86,7 @@ def hello_request(client_id: str) -> bytes:
 def cleared_events(ts_us: int) -> bytes:
     """One ``cleared`` event (every block of the client goes), as an ``events`` field."""
     raw = pb.Event(ts_us=ts_us, cleared=pb.AllBlocksCleared()).SerializeToString()
-    return b"\x1a" + varint(len(raw)) + raw
+    return length_delimited(b"\x1a", raw)
 
 
 @dataclasses.dataclass
@@ -215,7 +206,7 @@ def encode_workload(client: int, count: int, seed: int = 1, *, prefix_cache: boo
     while len(parts) < count:
         for event in workload.iteration():
             raw = event.SerializeToString()
-            field = b"\x1a" + varint(len(raw)) + raw
+            field = length_delimited(b"\x1a", raw)
             parts.append(field)
             position += len(field)
             offsets.append(position)

@@ -40,6 +40,8 @@ import tomllib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from broker.wire import length_delimited
+
 if TYPE_CHECKING:
     import grpc
 
@@ -469,11 +471,4 @@ def tenant_field(tenant: str) -> bytes:
     """``IntentBatch.tenant`` (field 4, a string) as wire bytes. Appended to a serialized
     batch it sets the field: protobuf takes the last value of a singular field, so the
     journal keeps the client's bytes followed by the tenant the broker decided."""
-    data = tenant.encode("utf-8")
-    out = bytearray(b"\x22")  # field 4, wire type 2 (length-delimited)
-    n = len(data)
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out) + data
+    return length_delimited(b"\x22", tenant.encode("utf-8"))  # field 4, wire type 2

@@ -38,7 +38,7 @@ from broker.security import (
     tenant_field,
 )
 from broker.service import BrokerService, VersionError
-from broker.wire import BatchReader, read_batch
+from broker.wire import BatchReader, length_delimited, read_batch
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 
@@ -289,29 +289,18 @@ class BrokerServicer:
         return self.service.get_config()
 
 
-def _length_delimited(tag: bytes, body: bytes) -> bytes:
-    """One length-delimited field (``tag`` is its key byte) holding ``body``."""
-    size = len(body)
-    head = bytearray(tag)
-    while size > 0x7F:
-        head.append((size & 0x7F) | 0x80)
-        size >>= 7
-    head.append(size)
-    return bytes(head) + body
-
-
 def stream_response_bytes(message: spb.StreamResponse | dpb.DirectiveBatch) -> bytes:
     """A StreamResponse on the wire. An answer is its DirectiveBatch, wrapped here as field 2
     (``directives``) around the batch's own bytes: building a StreamResponse around it would
     copy every directive once more."""
     if isinstance(message, dpb.DirectiveBatch):
-        return _length_delimited(b"\x12", message.SerializeToString())
+        return length_delimited(b"\x12", message.SerializeToString())
     return message.SerializeToString()
 
 
 def submit_response_bytes(message: dpb.DirectiveBatch) -> bytes:
     """A SubmitResponse on the wire: its one field (1, ``directives``) around the answer."""
-    return _length_delimited(b"\x0a", message.SerializeToString())
+    return length_delimited(b"\x0a", message.SerializeToString())
 
 
 def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:
