@@ -10,9 +10,8 @@ from collections.abc import Set as AbstractSet
 from enum import IntEnum
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.structures import SortedKeys
 
 
 class Transition(IntEnum):
@@ -98,7 +97,7 @@ class BayesianReusePolicy(Policy):
                     Beta(prior_alpha + successes, prior_beta + failures), its mean (the
                     cell's key), and its group: an OrderedDict of the held blocks whose
                     trial is in the cell, least recently placed first.
-      ``_ranking``  SortedList of (key, cell): the cells by their CURRENT posterior mean,
+      ``_ranking``  SortedKeys of (key, cell): the cells by their CURRENT posterior mean,
                     lowest first (ties by the cell tuple, so the order is total). A cell is
                     re-keyed, O(log #cells), whenever it learns an outcome; its whole group
                     moves with it and no block is touched.
@@ -176,7 +175,7 @@ class BayesianReusePolicy(Policy):
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
         self._cells: dict[Cell, _Cell] = {}
-        self._ranking = SortedList()
+        self._ranking = SortedKeys()
         self._trials: dict[str, _Trial] = {}
         self._ghosts: dict[str, _Trial] = {}
         self._pending: OrderedDict[str, _Trial] = OrderedDict()

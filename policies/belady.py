@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from policies.base import Block, Policy, PolicyContext, PolicyError, take_until
+from policies.structures import SortedKeys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +26,7 @@ class BeladyParams:
 class BeladyPolicy(Policy):
     """Evicts the block whose next use is farthest away (Belady's MIN). Replay only.
 
-    Structure: a SortedList of (next use, block id), farthest last, plus each block's
+    Structure: a SortedKeys of (next use, block id), farthest last, plus each block's
     current key. A block's next use changes only when it is used, and a use of a block in
     this tier reaches the policy as ``access`` (or ``insert`` when it moves in), so keys
     are exact without rescans. Next uses come from ``ctx.future``, which replay builds from
@@ -45,7 +44,7 @@ class BeladyPolicy(Policy):
         if ctx.future is None:
             raise PolicyError("belady needs the future of the stream: it runs in replay only, not live")
         self._future = ctx.future
-        self._order = SortedList()
+        self._order = SortedKeys()
         self._key: dict[str, tuple[int, str]] = {}
         self._blocks: dict[str, Block] = {}
 

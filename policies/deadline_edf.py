@@ -10,10 +10,10 @@ from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Final
 
 from mypy_extensions import mypyc_attr, u8
-from sortedcontainers import SortedList
 
 from policies.base import Block, Policy, PolicyContext, take_until, untrack
 from policies.priority_lru import PriorityLRUPolicy
+from policies.structures import SortedKeys
 
 # Where a held block is in the partition. UNDATED, FAR and STALE blocks are "free" (in the
 # priority order); NEAR blocks are protected.
@@ -106,7 +106,8 @@ class DeadlineEDFPolicy(Policy):
       FAR      if ``now < L - guard_us``: a deadline, but time enough to come back.
       UNDATED  without a deadline.
 
-    Structures (each a ``SortedList``; dict ``_held`` block id -> its keys and state):
+    Structures (each a ``SortedKeys``, policies.structures; dict ``_held`` block id -> its
+    keys and state):
       ``_free``      UNDATED, FAR and STALE blocks by (class rank, request priority,
                      recency stamp, id): ``priority_lru``'s order (its class ranks), one list
                      instead of its buckets so that a block returning from NEAR regains its
@@ -204,10 +205,10 @@ class DeadlineEDFPolicy(Policy):
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
         self._held: dict[str, _Held] = {}
-        self._free = SortedList()
-        self._far = SortedList()
-        self._near = SortedList()
-        self._near_by_d = SortedList()
+        self._free = SortedKeys()
+        self._far = SortedKeys()
+        self._near = SortedKeys()
+        self._near_by_d = SortedKeys()
         # Held blocks keyed at their last event but not in the lists yet (see "Lazy filing").
         self._pending: dict[str, _Held] = {}
         # Entries of _free that are not live (see "Stale entries").
@@ -286,15 +287,14 @@ class DeadlineEDFPolicy(Policy):
         pending = self._pending
         if not pending:
             return
-        key = self._key
-        # Filed together: SortedList.update merges many new keys into a list by one sort of
-        # two sorted runs (C), where adding each is a bisection in Python; a tier read
-        # seldom (a lower tier at a watermark reclaim) files thousands at once.
+        # Filed together: SortedKeys.update merges many new keys into a list by one sort of
+        # two sorted runs, where adding each is two bisections and a list insertion; a tier
+        # read seldom (a lower tier at a watermark reclaim) files thousands at once.
         new_free: list[tuple[Any, ...]] = []
         new_far: list[tuple[float, int, str]] = []
         for block_id, held in pending.items():
             old = held.free_key
-            key(held)
+            self._key(held)  # a direct call when compiled (a bound method in a local is not)
             state = held.state
             if held.in_free and held.free_key >= old:
                 # Its entry is this key, or an earlier place (a read moved it towards the hot
@@ -345,7 +345,7 @@ class DeadlineEDFPolicy(Policy):
             if held is not None:
                 held.free_key = self._free_key(held)
                 keys.append(held.free_key)
-        self._free = SortedList(keys)
+        self._free = SortedKeys(keys)
         self._stale = 0
         self.compactions += 1
 

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.structures import SortedKeys
 
 Key = tuple[Any, ...]
 Entry = tuple[Key, str]
@@ -24,9 +23,9 @@ Entry = tuple[Key, str]
 class ScoredPolicy(Policy):
     """Evicts the block with the smallest ``key`` first; subclasses define the key.
 
-    Structures: a ``SortedList`` of ``(key, block id)`` entries, smallest first, and a dict
+    Structures: a ``SortedKeys`` of ``(key, block id)`` entries, smallest first, and a dict
     block id -> (its current entry, the block). The dict gives each block's current entry,
-    so re-keying or removing a block is one O(log n) ``SortedList.remove`` plus one ``add``;
+    so re-keying or removing a block is one O(log n) ``SortedKeys.remove`` plus one ``add``;
     the block id closes every tie, so the order is total.
 
     1. ``insert``, ``access``, ``update``: compute the key now, replace the block's entry.
@@ -37,7 +36,7 @@ class ScoredPolicy(Policy):
 
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
-        self._order = SortedList()
+        self._order = SortedKeys()
         self._held: dict[str, tuple[Entry, Block]] = {}
 
     @abstractmethod

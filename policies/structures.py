@@ -1,15 +1,19 @@
-"""Shared structures of the policies: an intrusive doubly linked list and an indexed heap.
+"""Shared structures of the policies: an intrusive doubly linked list, an indexed heap and a
+sorted list of keys.
 
-Most policies need only an OrderedDict (a C doubly linked list plus a hash). These two are
-for what an OrderedDict cannot do in O(1) or O(log n): keep a cursor into the order (SIEVE's
-hand), splice whole lists together (LFU's aging), or order by a key that is not recency
-(LRU-K's K-th most recent access).
+Most policies need only an OrderedDict (a C doubly linked list plus a hash). The first two
+are for what an OrderedDict cannot do in O(1) or O(log n): keep a cursor into the order
+(SIEVE's hand), splice whole lists together (LFU's aging), or order by a key that is not
+recency (LRU-K's K-th most recent access). ``SortedKeys`` orders by any key, as
+sortedcontainers' SortedList does, compiled.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 from mypy_extensions import mypyc_attr
@@ -214,3 +218,158 @@ class IndexedHeap(Generic[V]):
             i = child
         entries[i] = entry
         pos[entry[1]] = i
+
+
+# Sublist length of SortedKeys: a sublist past twice this splits in two, and one under half
+# of it is merged into a neighbour (sortedcontainers' default load factor).
+_LOAD = 1000
+
+
+class SortedKeys:
+    """Sorted list of mutually comparable keys (tuples of numbers and ids), smallest first:
+    ``sortedcontainers.SortedList``'s structure and its subset the policies use, compiled.
+
+    The keys are kept in sorted sublists of about ``_LOAD`` keys with each sublist's
+    largest key in ``_maxes``: ``add`` and ``remove`` are one bisection of ``_maxes`` and
+    one of a sublist, a list insertion or deletion of at most ``2 * _LOAD`` pointers, so
+    O(log n) comparisons. SortedList does the same work in interpreted Python (its ``add``
+    was most of deadline_edf's filing under a prefix cache); the order is the same,
+    duplicates included (an added key goes after its equals, ``remove`` and ``pop(0)`` take
+    the first). Positional access other than at the ends (``[0]``, ``[-1]``, ``pop(0)``,
+    ``pop()``) walks the sublists, O(n / _LOAD): the policies use only the ends.
+    """
+
+    __slots__ = ("_lists", "_maxes", "_len")
+
+    def __init__(self, keys: Iterable[Any] = ()) -> None:
+        self._lists: list[list[Any]] = []
+        self._maxes: list[Any] = []
+        self._len = 0
+        ordered = sorted(keys)
+        if ordered:
+            self._load(ordered)
+
+    def _load(self, ordered: list[Any]) -> None:
+        """Replace the contents with ``ordered`` (sorted)."""
+        self._lists = [ordered[i : i + _LOAD] for i in range(0, len(ordered), _LOAD)]
+        self._maxes = [sub[-1] for sub in self._lists]
+        self._len = len(ordered)
+
+    def add(self, key: Any) -> None:
+        maxes = self._maxes
+        if not maxes:
+            self._lists.append([key])
+            maxes.append(key)
+        else:
+            pos = bisect.bisect_right(maxes, key)
+            if pos == len(maxes):
+                pos -= 1
+                self._lists[pos].append(key)
+                maxes[pos] = key
+            else:
+                bisect.insort_right(self._lists[pos], key)
+            if len(self._lists[pos]) > 2 * _LOAD:
+                self._split(pos)
+        self._len += 1
+
+    def update(self, keys: Iterable[Any]) -> None:
+        """Add every key: one by one when few, else one merge of two sorted runs."""
+        ordered = sorted(keys)
+        if not ordered:
+            return
+        if 4 * len(ordered) >= self._len:
+            merged: list[Any] = []
+            for sub in self._lists:
+                merged.extend(sub)
+            merged.extend(ordered)
+            merged.sort()  # two sorted runs: a linear merge; the new keys after their equals
+            self._load(merged)
+            return
+        for key in ordered:
+            self.add(key)
+
+    def remove(self, key: Any) -> None:
+        """Remove the first key equal to ``key``; ValueError if there is none."""
+        maxes = self._maxes
+        pos = bisect.bisect_left(maxes, key)
+        if pos < len(maxes):
+            sub = self._lists[pos]
+            i = bisect.bisect_left(sub, key)
+            if sub[i] == key:
+                self._delete(pos, i)
+                return
+        raise ValueError(f"{key!r} not in list")
+
+    def pop(self, index: int = -1) -> Any:
+        pos, i = self._locate(index)
+        key = self._lists[pos][i]
+        self._delete(pos, i)
+        return key
+
+    def __getitem__(self, index: int) -> Any:
+        pos, i = self._locate(index)
+        return self._lists[pos][i]
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        """(sublist, position in it) of the key at ``index`` (negative from the end)."""
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError("SortedKeys index out of range")
+        lists = self._lists
+        if index < len(lists[0]):
+            return 0, index
+        last = len(lists) - 1
+        from_end = self._len - index
+        if from_end <= len(lists[last]):
+            return last, len(lists[last]) - from_end
+        pos = 0
+        while index >= len(lists[pos]):
+            index -= len(lists[pos])
+            pos += 1
+        return pos, index
+
+    def _split(self, pos: int) -> None:
+        sub = self._lists[pos]
+        half = sub[_LOAD:]
+        del sub[_LOAD:]
+        self._maxes[pos] = sub[-1]
+        self._lists.insert(pos + 1, half)
+        self._maxes.insert(pos + 1, half[-1])
+
+    def _delete(self, pos: int, i: int) -> None:
+        lists, maxes = self._lists, self._maxes
+        sub = lists[pos]
+        del sub[i]
+        self._len -= 1
+        if len(sub) > _LOAD // 2:
+            maxes[pos] = sub[-1]
+        elif len(lists) > 1:
+            # Merge a small sublist into a neighbour (split again if that grows too long),
+            # so that the number of sublists stays about n / _LOAD.
+            if pos == 0:
+                pos = 1
+            prev = lists[pos - 1]
+            prev.extend(lists[pos])
+            maxes[pos - 1] = prev[-1]
+            del lists[pos]
+            del maxes[pos]
+            if len(prev) > 2 * _LOAD:
+                self._split(pos - 1)
+        elif sub:
+            maxes[pos] = sub[-1]
+        else:
+            del lists[pos]
+            del maxes[pos]
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.chain.from_iterable(self._lists)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return itertools.chain.from_iterable(map(reversed, reversed(self._lists)))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0

@@ -1,13 +1,18 @@
-"""DList and IndexedHeap against plain Python models."""
+"""DList, IndexedHeap and SortedKeys against plain Python models (SortedKeys against
+sortedcontainers' SortedList, whose order it must keep exactly)."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sortedcontainers import SortedList
 
 from policies.base import Block
-from policies.structures import DList, IndexedHeap, Node
+from policies.structures import DList, IndexedHeap, Node, SortedKeys
 
 
 def ids(lst: DList[Node]) -> list[str]:
@@ -122,3 +127,83 @@ def test_heap_matches_a_sorted_dict(ops: list[tuple[str, int, int]]) -> None:
         expected = [int(n) for n, _ in sorted(model.items(), key=lambda kv: (kv[1], kv[0]))]
         assert list(heap.ordered()) == expected
         assert len(heap) == len(model)
+
+
+# ---- SortedKeys ---------------------------------------------------------------------------
+
+
+class Tagged(tuple[int, int]):
+    """A key whose equals are told apart by identity: where equal keys go shows."""
+
+
+def same(a: Iterable[object], b: Iterable[object]) -> bool:
+    """Same keys in the same order, each the very same object."""
+    xs, ys = list(a), list(b)
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sorted_keys_keeps_sortedlists_order_through_splits_and_merges(seed: int) -> None:
+    """Random adds, updates, removes and pops at both ends: the list grows to about 10,000
+    keys (its sublists split past 2000) and shrinks again (they merge under 500); duplicate
+    keys (equal, not the same object) must land where SortedList puts them."""
+    rng = random.Random(seed)
+    keys, model = SortedKeys(), SortedList()
+    pool: list[tuple[int, int]] = []  # the keys held, by value, to pick removals from
+    sublists: list[int] = []
+    for step in range(12_000):
+        roll = rng.random()
+        grow = step < 3000
+        if roll < (0.6 if grow else 0.15):
+            key = Tagged((rng.randrange(300), rng.randrange(4)))
+            keys.add(key)
+            model.add(key)
+            pool.append(key)
+        elif grow and roll < 0.65:
+            batch = [Tagged((rng.randrange(300), rng.randrange(4))) for _ in range(rng.choice((1, 5, 50, 200)))]
+            keys.update(batch)
+            model.update(batch)
+            pool.extend(batch)
+        elif pool and roll < (0.85 if grow else 0.6):
+            i = rng.randrange(len(pool))
+            pool[i], pool[-1] = pool[-1], pool[i]
+            equal = Tagged(pool.pop())  # remove takes the first equal key, whichever object
+            keys.remove(equal)
+            model.remove(equal)
+        elif pool:
+            index = rng.choice((0, -1))
+            assert keys[index] is model[index]
+            popped = keys.pop(index)
+            assert popped is model.pop(index)
+            pool.remove(popped)
+        assert len(keys) == len(model) == len(pool) and bool(keys) == bool(model)
+        sublists.append(len(keys._lists))
+        if step % 500 == 0:
+            # Small sublists are merged: the sublists stay about n / 1000, however n got there
+            # (the last one may be short after a bulk load, as in SortedList).
+            assert all(len(sub) > 500 for sub in keys._lists[:-1])
+            assert same(keys, model) and same(reversed(keys), reversed(model))
+    assert same(keys, model) and same(reversed(keys), reversed(model))
+    peak = max(sublists)
+    assert peak >= 5 and sublists[-1] < peak  # it split, and merged again
+
+
+def test_sorted_keys_positions_errors_and_construction() -> None:
+    keys = SortedKeys([(5, "e"), (1, "a"), (3, "c")])
+    assert list(keys) == [(1, "a"), (3, "c"), (5, "e")] and len(keys) == 3
+    assert keys[1] == (3, "c") and keys[-2] == (3, "c") and keys[-3] == (1, "a")
+    big = SortedKeys(range(5000))
+    assert big[2500] == 2500 and big[-2501] == 2499 and big.pop(1234) == 1234 and len(big) == 4999
+    with pytest.raises(IndexError):
+        keys[3]
+    with pytest.raises(IndexError):
+        SortedKeys().pop()
+    with pytest.raises(ValueError, match="not in list"):
+        keys.remove((2, "b"))
+    with pytest.raises(ValueError, match="not in list"):
+        keys.remove((9, "z"))  # past the largest key
+    keys.update([])
+    assert list(keys) == [(1, "a"), (3, "c"), (5, "e")]
+    while keys:
+        keys.pop(0)
+    assert list(keys) == [] and list(reversed(keys)) == [] and len(keys) == 0
