@@ -65,7 +65,7 @@ class DeadlineEDFParams:
 class _Held:
     """What the policy keeps per block: its sort keys, fixed at the block's last event."""
 
-    __slots__ = ("block", "deadline", "free_key", "in_free", "latest_start", "stamp", "state")
+    __slots__ = ("block", "deadline", "free_key", "in_free", "keyed_priority", "keyed_released", "latest_start", "stamp", "state")
 
     def __init__(self, block: Block, stamp: int) -> None:
         # One per held block (a million at a time): compiled, the fields are a C struct in
@@ -74,6 +74,11 @@ class _Held:
         # Whether ``free_key`` (this very tuple) is in ``_free``: live, a placeholder or
         # stale (see "Stale entries" and "Placeholders" in the policy's docstring).
         self.in_free = False
+        # The block's priority and released flag when ``free_key`` was computed (bytes
+        # beside the state, no larger object): a read checks them to keep its placeholder
+        # without keying the block (``DeadlineEDFPolicy._keeps_place``).
+        self.keyed_priority: u8 = 0
+        self.keyed_released = False
         self.block = block
         self.stamp = stamp
         # (class rank, request priority, stamp, block id): ``_free``'s key. A tuple of
@@ -262,8 +267,11 @@ class DeadlineEDFPolicy(Policy):
 
     @staticmethod
     def _free_key(held: _Held) -> tuple[Any, ...]:
-        """The block's place in the free order, from its fields and stamp now."""
+        """The block's place in the free order, from its fields and stamp now (and the
+        fields it came from, in ``held``)."""
         block = held.block
+        held.keyed_priority = block.priority
+        held.keyed_released = block.released
         rank, request_priority = free_rank(block)
         return (rank, request_priority, held.stamp, block.block_id)
 
@@ -419,10 +427,42 @@ class DeadlineEDFPolicy(Policy):
             self._pending[block_id] = held
         return held
 
+    def _keeps_place(self, held: _Held) -> bool:
+        """Whether a read of this block may leave everything as it is but its stamp: what
+        ``_flush`` would decide after keying it, told without keying it. It would keep the
+        block's ``_free`` entry as its placeholder and file nothing when the block is not
+        parked, its entry is in ``_free``, it is UNDATED or STALE by its fields now (no other
+        list holds it, and neither state changes with time), and its key sorts at or after
+        the entry: the same class and request priority (checked against the fields the
+        entry was computed from) and a later stamp. A read follows the field changes of a
+        share or a reuse (core._touch), so the fields are checked, not the state of the
+        last keying. Under a prefix cache most reads are of such blocks: parked, each was
+        keyed again at every read of the lists only to keep its entry, and a tier reclaimed
+        in small steps is read often."""
+        if not held.in_free:
+            return False
+        block = held.block
+        state = held.state
+        if state == UNDATED:
+            if block.deadline_us is not None:
+                return False
+        elif state != STALE or block.deadline_us != held.deadline:
+            return False
+        return (
+            block.priority == held.keyed_priority and block.released == held.keyed_released and block.request_priority == held.free_key[1]
+        )
+
     def access(self, block: Block) -> None:
         self._sync()
+        held = self._held.get(block.block_id)
+        if held is None:
+            raise self._unknown(block)
+        if not self.lazy:
+            self._park(block)
+        elif block.block_id not in self._pending and not self._keeps_place(held):
+            self._park(block)  # out of its lists under its old stamp
         self._stamp += 1
-        self._park(block).stamp = self._stamp
+        held.stamp = self._stamp
         if not self.lazy:
             self._flush()
 
@@ -432,13 +472,13 @@ class DeadlineEDFPolicy(Policy):
             return
         self._sync()
         held_of, pending = self._held, self._pending
-        for block in blocks:  # _park, written out: the loop of every decode step
+        for block in blocks:  # access, written out: the loop of every decode step
             block_id = block.block_id
             held = held_of.get(block_id)
             if held is None:
                 raise self._unknown(block)
-            if block_id not in pending:
-                self._unfile(held)
+            if block_id not in pending and not self._keeps_place(held):
+                self._unfile(held)  # under its old stamp
                 pending[block_id] = held
             self._stamp += 1
             held.stamp = self._stamp

@@ -206,6 +206,41 @@ def test_an_intent_update_rekeys_and_a_cleared_deadline_makes_a_block_ordinary()
         tier.policy.remove(make_block("p", 0))
 
 
+@pytest.mark.parametrize(
+    ("change", "order", "near"),
+    [
+        # undated -> near (a share's or a reuse's deadline): protected, last
+        ({"deadline_us": 300}, ["a", "b", "d", "c"], ["c"]),
+        # a lower class, released (below every class), a lower request priority: first
+        ({"priority": Priority.COLD}, ["c", "a", "b", "d"], []),
+        ({"released": True}, ["c", "a", "b", "d"], []),
+        ({"request_priority": 10}, ["c", "a", "b", "d"], []),
+        # higher: the most recent of the class above (the lazy path keeps a placeholder)
+        ({"priority": Priority.HOT, "request_priority": 90}, ["a", "b", "d", "c"], []),
+        # nothing changed: the most recent WARM block
+        ({}, ["a", "b", "d", "c"], []),
+    ],
+)
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_read_after_fields_changed_orders_the_block_by_its_fields_now(
+    change: dict[str, Any], order: list[str], near: list[str], lazy: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core changes a block's fields and then reads it, with no update between (a
+    share or a reuse, core._touch): the read must re-key it. The lazy path skips keying a
+    read block whose entry can stay as its placeholder, so this checks that it sees the
+    changed fields; the eager path is the reference."""
+    monkeypatch.setattr(DeadlineEDFPolicy, "lazy", lazy)
+    tier = Tier()
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        tier.at(i).insert(name, priority=Priority.WARM)
+    assert tier.order() == ["a", "b", "c", "d"]  # read once: every block filed
+    block = tier.blocks["c"]
+    for name, value in change.items():
+        setattr(block, name, value)
+    tier.at(10).read("c")
+    assert tier.order() == order and tier.near() == near
+
+
 def test_in_the_bottom_tier_the_reload_time_is_the_recompute_cost() -> None:
     # The policy serves DRAM, the last tier: a dropped block must be recomputed.
     tier = Tier(index=1, guard_us=0)
