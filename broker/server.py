@@ -10,6 +10,7 @@ Security (TLS, tokens, tenants) is broker.security; limits are broker.limits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -466,6 +467,25 @@ async def watch_config(service: BrokerService, path: str, interval: float = 1.0)
             log.info("config file changed: %s", "reloaded" if result.ok else f"refused: {result.error}")
 
 
+def freeze_startup_heap() -> int:
+    """Put every object the process made while starting out of the cyclic garbage
+    collector's reach (``gc.freeze``), after one last collection; returns how many.
+
+    Modules, functions, types, protobuf descriptors, gRPC's, Redis's and OpenTelemetry's
+    objects, the config: about 50,000 tracked objects, as long-lived as the process. A full
+    collection walked them all, about 20 ms here, a pause of every stream: under
+    ``kvbroker bench --prefix-cache`` one or two such pauses a run made the whole p99 at
+    50% (batch 64, 4 streams, Redis journal: 45-60 ms; 6.6-7.4 ms frozen, and a full
+    collection 1-3 ms). What the broker makes later (blocks, policies' records: untracked;
+    a reloaded config's cores) is collected as before. Objects made at startup that become
+    cyclic garbage later would never be collected: a Core is freed by reference counting
+    (no cycles), and the rest lives until exit.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve(
     config: BrokerConfig,
     *,
@@ -477,6 +497,9 @@ async def serve(
     """Run until SIGTERM or SIGINT, then stop gracefully. SIGHUP, or a change of the
     config file, reloads the config."""
     broker = await start_broker(config, config_path, overrides)
+    # Here, not in start_broker: tests start brokers in their own process.
+    frozen = freeze_startup_heap()
+    log.info("froze %d objects of the startup heap (garbage collector)", frozen, extra={"gc_frozen": frozen})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
