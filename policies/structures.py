@@ -277,6 +277,9 @@ class SortedKeys:
         ordered = sorted(keys)
         if not ordered:
             return
+        if not self._lists:  # no merge, and no second copy of a list that may hold millions
+            self._load(ordered)
+            return
         if 4 * len(ordered) >= self._len:
             merged: list[Any] = []
             for sub in self._lists:

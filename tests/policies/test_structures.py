@@ -204,6 +204,12 @@ def test_sorted_keys_positions_errors_and_construction() -> None:
         keys.remove((9, "z"))  # past the largest key
     keys.update([])
     assert list(keys) == [(1, "a"), (3, "c"), (5, "e")]
+    # An update of an empty list loads the keys as they are, equal keys in their order.
+    first, second = Tagged((1, 1)), Tagged((1, 1))
+    fresh, model = SortedKeys(), SortedList()
+    fresh.update([(2, 0), first, second, (0, 9)])
+    model.update([(2, 0), first, second, (0, 9)])
+    assert same(fresh, model) and fresh[1] is first and len(fresh) == 4
     while keys:
         keys.pop(0)
     assert list(keys) == [] and list(reversed(keys)) == [] and len(keys) == 0
