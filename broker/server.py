@@ -497,7 +497,7 @@ async def serve(
     """Run until SIGTERM or SIGINT, then stop gracefully. SIGHUP, or a change of the
     config file, reloads the config."""
     broker = await start_broker(config, config_path, overrides)
-    # Here, not in start_broker: tests start brokers in their own process.
+    # Here, not in start_broker: tests start brokers inside the test process.
     frozen = freeze_startup_heap()
     log.info("froze %d objects of the startup heap (garbage collector)", frozen, extra={"gc_frozen": frozen})
     stop = asyncio.Event()

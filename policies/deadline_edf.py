@@ -74,7 +74,7 @@ class _Held:
         # Whether ``free_key`` (this very tuple) is in ``_free``: live, a placeholder or
         # stale (see "Stale entries" and "Placeholders" in the policy's docstring).
         self.in_free = False
-        # The block's priority and released flag when ``free_key`` was computed (bytes
+        # The block's priority and released flag when its free key was last computed (bytes
         # beside the state, no larger object): a read checks them to keep its placeholder
         # without keying the block (``DeadlineEDFPolicy._keeps_place``).
         self.keyed_priority: u8 = 0
@@ -267,18 +267,24 @@ class DeadlineEDFPolicy(Policy):
 
     @staticmethod
     def _free_key(held: _Held) -> tuple[Any, ...]:
-        """The block's place in the free order, from its fields and stamp now (and the
-        fields it came from, in ``held``)."""
+        """The block's place in the free order, from its fields and stamp now."""
         block = held.block
-        held.keyed_priority = block.priority
-        held.keyed_released = block.released
         rank, request_priority = free_rank(block)
         return (rank, request_priority, held.stamp, block.block_id)
+
+    @staticmethod
+    def _set_free_key(held: _Held, key: tuple[Any, ...]) -> None:
+        """Make ``key``, just computed by ``_free_key``, the block's free key, and record
+        the fields its class came from (``_keeps_place`` reads them)."""
+        block = held.block
+        held.free_key = key
+        held.keyed_priority = block.priority
+        held.keyed_released = block.released
 
     def _key(self, held: _Held) -> None:
         """Compute the block's keys and state from its fields now (step 1)."""
         block = held.block
-        held.free_key = self._free_key(held)
+        self._set_free_key(held, self._free_key(held))
         deadline = block.deadline_us
         if deadline is None:
             held.state = UNDATED
@@ -351,7 +357,7 @@ class DeadlineEDFPolicy(Policy):
         for key in self._free:
             held = self._holder(key, True)
             if held is not None:
-                held.free_key = self._free_key(held)
+                self._set_free_key(held, self._free_key(held))
                 keys.append(held.free_key)
         self._free = SortedKeys(keys)
         self._stale = 0
@@ -433,8 +439,9 @@ class DeadlineEDFPolicy(Policy):
         block's ``_free`` entry as its placeholder and file nothing when the block is not
         parked, its entry is in ``_free``, it is UNDATED or STALE by its fields now (no other
         list holds it, and neither state changes with time), and its key sorts at or after
-        the entry: the same class and request priority (checked against the fields the
-        entry was computed from) and a later stamp. A read follows the field changes of a
+        the entry: the class of its last keying (priority and released as recorded then;
+        that key sorted at or after the entry, or the entry would have been refiled), the
+        entry's request priority, and a later stamp. A read follows the field changes of a
         share or a reuse (core._touch), so the fields are checked, not the state of the
         last keying. Under a prefix cache most reads are of such blocks: parked, each was
         keyed again at every read of the lists only to keep its entry, and a tier reclaimed
@@ -454,13 +461,13 @@ class DeadlineEDFPolicy(Policy):
 
     def access(self, block: Block) -> None:
         self._sync()
-        held = self._held.get(block.block_id)
+        block_id = block.block_id
+        held = self._held.get(block_id)
         if held is None:
             raise self._unknown(block)
-        if not self.lazy:
-            self._park(block)
-        elif block.block_id not in self._pending and not self._keeps_place(held):
-            self._park(block)  # out of its lists under its old stamp
+        if block_id not in self._pending and not (self.lazy and self._keeps_place(held)):
+            self._unfile(held)  # out of its lists under its old stamp
+            self._pending[block_id] = held
         self._stamp += 1
         held.stamp = self._stamp
         if not self.lazy:
@@ -516,7 +523,7 @@ class DeadlineEDFPolicy(Policy):
                 continue
             current = self._free_key(held)
             if current != key:
-                held.free_key = current  # a placeholder: the block's place is later
+                self._set_free_key(held, current)  # a placeholder: the block's place is later
                 bisect.insort(moved, current)  # after every key yielded so far
                 self._stale += 1  # its old entry, now stale
                 continue

@@ -245,9 +245,7 @@ class SortedKeys:
         self._lists: list[list[Any]] = []
         self._maxes: list[Any] = []
         self._len = 0
-        ordered = sorted(keys)
-        if ordered:
-            self._load(ordered)
+        self.update(keys)
 
     def _load(self, ordered: list[Any]) -> None:
         """Replace the contents with ``ordered`` (sorted)."""
