@@ -8,6 +8,7 @@ allocated through the broker's own path (apply_batch), and the RSS added is divi
 
     python bench/memory.py                           # 100k and 1M, deadline_edf
     python bench/memory.py --blocks 100000 --policy lru --json
+    python bench/memory.py --blocks 1000000 --breakdown     # where the bytes are, by owner and type
     kvbroker bench --memory                          # the same, after the throughput bench
 """
 

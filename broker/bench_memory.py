@@ -15,7 +15,13 @@ Beside it, what a million blocks cost the cyclic garbage collector: the objects 
 (``gc.get_objects()``) and the time of one full collection (median of three), the pause a
 serving broker takes whenever one runs (policies/_gc.c says why blocks are not tracked).
 
+With ``--breakdown``, the objects themselves are counted too (``breakdown``): by owner (the
+core's per-block state, then each tier's policy) and type, in allocated bytes per block,
+and RSS beyond them is what the allocator holds besides. It shows which part of the figure
+belongs to which structure, and so what a change of representation could save.
+
     python bench/memory.py                       # 100k and 1M blocks
+    python bench/memory.py --breakdown           # and the objects counted, by owner and type
     kvbroker bench --memory --memory-blocks 100000,1000000
 """
 
@@ -27,7 +33,11 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.core import Core
 
 BLOCK_BYTES = 2 * 2**20
 BLOCKS_PER_REQUEST = 16
@@ -42,7 +52,7 @@ def _rss() -> int:
     raise ValueError("VmRSS not in /proc/self/status")
 
 
-def _child(blocks: int, policy: str) -> dict[str, Any]:
+def _child(blocks: int, policy: str, with_breakdown: bool = False) -> dict[str, Any]:
     from broker.apply import apply_batch
     from broker.config import CoreConfig, PolicyConfig, TierConfig
     from broker.core import Core
@@ -108,7 +118,7 @@ def _child(blocks: int, policy: str) -> dict[str, Any]:
     tracked = len(gc.get_objects())
     if rejected or len(core.blocks) != blocks:
         raise RuntimeError(f"memory bench: {rejected} allocations rejected, {len(core.blocks)} blocks tracked of {blocks}")
-    return {
+    record: dict[str, Any] = {
         "kind": "memory",
         "blocks": blocks,
         "policy": policy,
@@ -119,14 +129,68 @@ def _child(blocks: int, policy: str) -> dict[str, Any]:
         "gc_tracked_objects": tracked,
         "gc_full_ms": round(sorted(pauses)[1] * 1000, 1),
     }
+    if with_breakdown:
+        rows = breakdown(core, blocks)
+        record["breakdown"] = rows
+        record["counted_bytes_per_block"] = round(sum(row["bytes_per_block"] for row in rows), 1)
+    return record
 
 
-def measure_blocks(blocks: int, policy: str = "deadline_edf", timeout: float = 600.0) -> dict[str, Any]:
-    """The figure for ``blocks`` blocks, measured in a fresh process."""
+def allocated_size(obj: object) -> int:
+    """The bytes ``obj`` takes from the allocator: ``sys.getsizeof`` (the cyclic collector's
+    header included) rounded up to pymalloc's 16-byte size classes (larger blocks, from
+    malloc, are rounded the same way)."""
+    return (sys.getsizeof(obj) + 15) & ~15
+
+
+_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+
+
+def breakdown(core: Core, blocks: int) -> list[dict[str, Any]]:
+    """Where the held blocks' bytes are: every object reachable from the core's per-block
+    state (``core``) and then from each tier's policy (``policy``), by owner and type, in
+    allocated bytes per block. Each object is counted once, under the first owner that
+    reaches it (a block and its ids are the core's even though policies refer to them);
+    the config, clock, tier descriptions and policy parameters are shared, not per block,
+    and types, modules and functions are not state: none of them is counted. The walk
+    follows ``gc.get_referents`` (what an object's traverse visits: compiled classes,
+    tuples, lists, dicts, sets), so it sees what the interpreter sees, not what a
+    ``__slots__`` list claims."""
+    seen = {id(core.config), id(core.clock), id(core.tiers), id(core)}
+    for tier in core.tiers:
+        seen.update((id(tier), id(tier.info), id(tier.policy.ctx), id(tier.policy.params)))
+    rows: dict[tuple[str, str], list[int]] = {}
+
+    def walk(owner: str, roots: list[object]) -> None:
+        stack = [r for r in roots if id(r) not in seen]
+        seen.update(id(r) for r in stack)
+        while stack:
+            obj = stack.pop()
+            row = rows.setdefault((owner, type(obj).__name__), [0, 0])
+            row[0] += 1
+            row[1] += allocated_size(obj)
+            for ref in gc.get_referents(obj):
+                if id(ref) not in seen and not isinstance(ref, _NOT_STATE):
+                    seen.add(id(ref))
+                    stack.append(ref)
+
+    walk("core", [core.blocks, core.by_request, core.client_seq, core.outstanding, core.tenant_blocks])
+    walk("policy", [tier.policy for tier in core.tiers])
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0][0] != "core", -kv[1][1]))
+    return [
+        {"owner": owner, "type": name, "objects": count, "bytes_per_block": round(size / blocks, 1)}
+        for (owner, name), (count, size) in ordered
+    ]
+
+
+def measure_blocks(blocks: int, policy: str = "deadline_edf", timeout: float = 600.0, *, with_breakdown: bool = False) -> dict[str, Any]:
+    """The figure for ``blocks`` blocks, measured in a fresh process (with ``breakdown``'s
+    rows under ``breakdown`` when asked)."""
     if blocks <= CHUNK:
         raise ValueError(f"blocks: need more than {CHUNK} (the warm-up), got {blocks}")
     done = subprocess.run(
-        [sys.executable, "-m", "broker.bench_memory", "--child", str(blocks), "--policy", policy],
+        [sys.executable, "-m", "broker.bench_memory", "--child", str(blocks), "--policy", policy]
+        + (["--breakdown"] if with_breakdown else []),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -143,13 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", default="100000,1000000", help="comma-separated block counts (each in a fresh process)")
     parser.add_argument("--policy", default="deadline_edf")
     parser.add_argument("--json", action="store_true", help="one JSON record per block count")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also count the objects the blocks hold, by owner (core, policy) and type, in bytes per block",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(_child(args.child, args.policy)))
+        print(json.dumps(_child(args.child, args.policy, args.breakdown)))
         return 0
     for blocks in (int(b) for b in args.blocks.split(",") if b.strip()):
-        record = measure_blocks(blocks, args.policy)
+        record = measure_blocks(blocks, args.policy, with_breakdown=args.breakdown)
         if args.json:
             print(json.dumps(record), flush=True)
         else:
@@ -159,7 +228,22 @@ def main(argv: list[str] | None = None) -> int:
                 f"full gc {record['gc_full_ms']:.1f} ms over {record['gc_tracked_objects']:,} tracked objects)",
                 flush=True,
             )
+            if args.breakdown:
+                print(breakdown_table(record), flush=True)
     return 0
+
+
+def breakdown_table(record: dict[str, Any]) -> str:
+    """The breakdown rows of a record, and what RSS holds beyond the objects counted
+    (the allocator's free and partly used space, the interpreter's own growth)."""
+    lines = [f"    {'owner':<7} {'type':<24} {'objects':>11} {'bytes/block':>12}"]
+    for row in record["breakdown"]:
+        if row["bytes_per_block"] >= 0.1:
+            lines.append(f"    {row['owner']:<7} {row['type']:<24} {row['objects']:>11,} {row['bytes_per_block']:>12.1f}")
+    counted = record["counted_bytes_per_block"]
+    lines.append(f"    {'':<7} {'counted':<24} {'':>11} {counted:>12.1f}")
+    lines.append(f"    {'':<7} {'RSS beyond the counted':<24} {'':>11} {record['rss_bytes_per_block'] - counted:>12.1f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

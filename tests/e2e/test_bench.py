@@ -19,6 +19,7 @@ import pytest
 from broker.bench_workload import BENCH_TIERS, MARK, encode_workload, run_tag, stream_request
 from clients.admin import get_stats
 from kvbroker.v1 import broker_service_pb2 as spb
+from policies.base import Block
 from tests.conftest import REDIS_URL
 
 pytestmark = pytest.mark.e2e
@@ -226,6 +227,31 @@ def test_memory_benchmark_reports_positive_bytes_per_block() -> None:
     # libraries alone track about 22,000; the pure build tracks every block and record too).
     untracked = importlib.util.find_spec("policies._gc") is not None
     assert (record["gc_tracked_objects"] < 60_000) is untracked, record["gc_tracked_objects"]
+
+
+def test_memory_breakdown_counts_each_block_once_under_the_core_and_the_policys_records_under_it() -> None:
+    blocks = 30_000
+    records = {
+        policy: bench_script("memory.py", "--blocks", str(blocks), "--policy", policy, "--breakdown", "--json")[0]
+        for policy in ("deadline_edf", "lru")
+    }
+    for policy, record in records.items():
+        rows = {(row["owner"], row["type"]): row for row in record["breakdown"]}
+        # Every block once, under the core, though the policy refers to it too; each one at
+        # least its own size, and its id (a str of the core's) at least a str header.
+        block = rows["core", "Block"]
+        assert block["objects"] == blocks, (policy, block)
+        assert block["bytes_per_block"] >= sys.getsizeof(Block("x", 1)), (policy, block)
+        assert rows["core", "str"]["objects"] >= blocks and rows["core", "str"]["bytes_per_block"] >= sys.getsizeof(""), (policy, rows)
+        assert not any(owner == "policy" and name == "Block" for owner, name in rows), policy
+        total = round(sum(row["bytes_per_block"] for row in record["breakdown"]), 1)
+        assert record["counted_bytes_per_block"] == total, policy
+    # deadline_edf keeps a record per block (policies.deadline_edf._Held), lru none.
+    edf = {(row["owner"], row["type"]): row for row in records["deadline_edf"]["breakdown"]}
+    assert edf["policy", "_Held"]["objects"] == blocks
+    assert not any(row["type"] == "_Held" for row in records["lru"]["breakdown"])
+    policy_bytes = {p: sum(r["bytes_per_block"] for r in rec["breakdown"] if r["owner"] == "policy") for p, rec in records.items()}
+    assert policy_bytes["deadline_edf"] > policy_bytes["lru"] > 0, policy_bytes
 
 
 def test_core_speed_benchmark_applies_the_bench_workload_in_process() -> None:
