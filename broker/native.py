@@ -36,6 +36,8 @@ COMPILED_MODULES = (
 C_EXTENSIONS = {
     # The native reader of IntentBatch bytes (broker/wire.py says why).
     "broker._wire": "broker/_wire.c",
+    # The native writer of a batch's answer, DirectiveBatch bytes (broker/_answer.c says why).
+    "broker._answer": "broker/_answer.c",
     # Untracking objects that cannot be on a cycle (policies/_gc.c says why).
     "policies._gc": "policies/_gc.c",
 }

@@ -38,7 +38,7 @@ from broker.security import (
     stream_tenant,
     tenant_field,
 )
-from broker.service import BrokerService, VersionError
+from broker.service import Answer, BrokerService, VersionError
 from broker.wire import BatchReader, length_delimited, read_batch
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
@@ -109,12 +109,12 @@ def sole_batch(raw: bytes) -> bytes | None:
     return raw[pos:] if pos + length == len(raw) else None
 
 
-def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> dpb.DirectiveBatch:
+def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> Answer:
     out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
     if batch is not None:
         out.client_id = batch.client_id
         out.batch_seq = batch.batch_seq
-    return out
+    return Answer(out.SerializeToString(), 0, 1, False)
 
 
 class BrokerServicer:
@@ -135,9 +135,7 @@ class BrokerServicer:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             raise  # not reached: abort raises
 
-    async def Stream(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[spb.StreamResponse | dpb.DirectiveBatch]:
+    async def Stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[spb.StreamResponse | Answer]:
         service = self.service
         first = await anext(aiter(requests), None)
         if first is None:
@@ -169,7 +167,7 @@ class BrokerServicer:
         finally:
             self.stream_counts.leave(key)
 
-    async def _answers(self, requests: AsyncIterator[bytes], client_id: str, tenant: str) -> AsyncIterator[dpb.DirectiveBatch]:
+    async def _answers(self, requests: AsyncIterator[bytes], client_id: str, tenant: str) -> AsyncIterator[Answer]:
         """The stream's batches, each applied as it arrives and answered in order once
         journaled.
 
@@ -182,7 +180,7 @@ class BrokerServicer:
         for their answers; then the reader stops reading (gRPC flow control pushes back).
         """
         journal = self.service.journal
-        answers: asyncio.Queue[tuple[dpb.DirectiveBatch, int] | BaseException | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[Answer, int] | BaseException | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_PIPELINE)
 
         async def read() -> None:
@@ -211,7 +209,7 @@ class BrokerServicer:
         finally:
             reader.cancel()
 
-    def _accept_streamed(self, raw: bytes, client_id: str, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
+    def _accept_streamed(self, raw: bytes, client_id: str, tenant: str) -> tuple[Answer, int]:
         payload = sole_batch(raw)
         if payload is None:  # not the shape clients send: protobuf says what it is
             try:
@@ -232,7 +230,7 @@ class BrokerServicer:
             return _batch_error("client_id", mismatch, batch=batch), 0
         return self._accept(batch, payload, tenant)
 
-    def _accept(self, batch: BatchReader, payload: bytes, tenant: str) -> tuple[dpb.DirectiveBatch, int]:
+    def _accept(self, batch: BatchReader, payload: bytes, tenant: str) -> tuple[Answer, int]:
         """Limits and the tenant, then the service: a refused batch is not applied or
         journaled. ``batch`` is ``payload`` read (broker.wire). Returns the answer and the
         journal ordinal it must wait for (0: none)."""
@@ -250,7 +248,7 @@ class BrokerServicer:
             return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
         return self.service.submit(batch, payload)
 
-    async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> dpb.DirectiveBatch:
+    async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> Answer:
         try:
             request = spb.SubmitRequest.FromString(raw)
         except DecodeError as exc:
@@ -290,18 +288,18 @@ class BrokerServicer:
         return self.service.get_config()
 
 
-def stream_response_bytes(message: spb.StreamResponse | dpb.DirectiveBatch) -> bytes:
-    """A StreamResponse on the wire. An answer is its DirectiveBatch, wrapped here as field 2
-    (``directives``) around the batch's own bytes: building a StreamResponse around it would
-    copy every directive once more."""
-    if isinstance(message, dpb.DirectiveBatch):
-        return length_delimited(b"\x12", message.SerializeToString())
+def stream_response_bytes(message: spb.StreamResponse | Answer) -> bytes:
+    """A StreamResponse on the wire. An answer is its DirectiveBatch bytes, wrapped here as
+    field 2 (``directives``): building a StreamResponse around it would copy every
+    directive once more."""
+    if isinstance(message, Answer):
+        return length_delimited(b"\x12", message.data)
     return message.SerializeToString()
 
 
-def submit_response_bytes(message: dpb.DirectiveBatch) -> bytes:
+def submit_response_bytes(answer: Answer) -> bytes:
     """A SubmitResponse on the wire: its one field (1, ``directives``) around the answer."""
-    return length_delimited(b"\x0a", message.SerializeToString())
+    return length_delimited(b"\x0a", answer.data)
 
 
 def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:

@@ -71,9 +71,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Tracer
 
-    from broker.service import BrokerService
+    from broker.service import Answer, BrokerService
     from broker.wire import BatchReader
-    from kvbroker.v1 import directive_pb2 as dpb
 
 log = logging.getLogger("kvbroker.telemetry")
 
@@ -561,7 +560,7 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
     attrs: dict[str, str] = {}
     key: tuple[str, int] = ("", -1)
 
-    def timed(batch: BatchReader, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
+    def timed(batch: BatchReader, raw: bytes) -> tuple[Answer, int]:
         nonlocal attrs, key
         if fold.changed():
             fold.fold()  # credit what the old policy/generation did before the new one acts
@@ -576,7 +575,7 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
     if tracer is None:
         return timed
 
-    def traced(batch: BatchReader, raw: bytes) -> tuple[dpb.DirectiveBatch, int]:
+    def traced(batch: BatchReader, raw: bytes) -> tuple[Answer, int]:
         with tracer.start_as_current_span("kvbroker.batch") as span:
             submitted = timed(batch, raw)
             result = submitted[0]
@@ -586,8 +585,8 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
                         "kvbroker.client_id": batch.client_id,
                         "kvbroker.batch_seq": batch.batch_seq,
                         "kvbroker.events": batch.count,
-                        "kvbroker.directives": len(result.directives),
-                        "kvbroker.rejections": len(result.rejections),
+                        "kvbroker.directives": result.directives,
+                        "kvbroker.rejections": result.rejections,
                         "kvbroker.duplicate": result.duplicate,
                         "kvbroker.policy": fold.policy,
                         "kvbroker.config_generation": fold.generation,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from broker.config import JournalConfig
 from broker.journal.records import JournalRecord
+from broker.service import Answer
 from broker.server import (
     STREAM_PIPELINE,
     RunningBroker,
@@ -239,11 +240,12 @@ def test_sole_batch_takes_only_a_request_that_holds_just_a_batch(ids: list[str],
 def test_answers_on_the_wire_equal_the_messages_protobuf_writes(block_ids: list[str], seq: int) -> None:
     """The answer bytes are built around the DirectiveBatch's own (no copy into a
     StreamResponse or SubmitResponse); they parse to the same message, at every length."""
-    answer = dpb.DirectiveBatch(
+    batch = dpb.DirectiveBatch(
         client_id="c", batch_seq=seq, directives=[dpb.Directive(directive_id=i, block_id=b) for i, b in enumerate(block_ids)]
     )
-    assert spb.StreamResponse.FromString(stream_response_bytes(answer)) == spb.StreamResponse(directives=answer)
-    assert spb.SubmitResponse.FromString(submit_response_bytes(answer)) == spb.SubmitResponse(directives=answer)
+    answer = Answer(batch.SerializeToString(), len(block_ids), 0, False)
+    assert spb.StreamResponse.FromString(stream_response_bytes(answer)) == spb.StreamResponse(directives=batch)
+    assert spb.SubmitResponse.FromString(submit_response_bytes(answer)) == spb.SubmitResponse(directives=batch)
     hello = spb.StreamResponse(hello=spb.HelloReply(broker_id="b"))
     assert stream_response_bytes(hello) == hello.SerializeToString()
 
