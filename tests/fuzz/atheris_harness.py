@@ -7,7 +7,8 @@ TARGET is one of:
 
 - ``apply``: bytes as an IntentBatch, applied to a core (policy priority_lru, three small
   tiers), as the broker does after decoding; only a DecodeError (not protobuf) may escape,
-  and an applied batch's answer must serialize.
+  and the answer the broker sends (the native writer, broker/_answer.c, when built) must be
+  the bytes protobuf writes.
 - ``wire``: bytes as a serialized IntentBatch, read by the native reader (broker/_wire.c)
   and by the reference reader: the native one must refuse (Unsupported) what protobuf
   rejects, and read exactly what the reference reads when it accepts. Build the extension
@@ -37,7 +38,7 @@ with atheris.instrument_imports():
     from broker.apply import apply_batch
     from broker.config import ConfigError, parse_config
     from broker.core import Core
-    from broker.service import outcome_to_pb
+    from broker.service import answer_bytes, outcome_to_pb
     from clients.traces import SkipCounter, TraceError, TraceOptions, read_trace
     from clients.vllm_events import DecodeError, EngineTranslator, MappingOptions, decode_batch, ts_to_us
     from kvbroker.v1 import intent_pb2 as pb
@@ -71,7 +72,8 @@ def fuzz_apply(data: bytes) -> None:
     _seq += 1
     batch.client_id, batch.batch_seq = "c", _seq
     outcome = apply_batch(_core, batch)
-    outcome_to_pb(batch, outcome, 1).SerializeToString()
+    # The answer as it leaves (the native writer when built) is the bytes protobuf writes.
+    assert answer_bytes(batch, outcome, 1) == outcome_to_pb(batch, outcome, 1).SerializeToString()
 
 
 # Stand-ins for the core's blocks: the readers only look them up.
