@@ -53,14 +53,15 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t v) {
     return p;
 }
 
-/* A uint64 field's value; an int outside 0 .. 2**64-1 (or not an int) raises as protobuf does. */
+/* A uint64 field's value; an int outside 0 .. 2**64-1 raises ValueError, as protobuf does (and
+ * anything but an int TypeError). */
 static int get_u64(PyObject *obj, PyObject *name, uint64_t *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (v == NULL) return -1;
     *out = PyLong_AsUnsignedLongLong(v);
     Py_DECREF(v);
     if (*out == (uint64_t)-1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Format(PyExc_ValueError, "Directive.%U: not a uint64", name);
         }
         return -1;
@@ -75,7 +76,7 @@ static int get_signed(PyObject *obj, PyObject *name, int bits, uint64_t *out) {
     long long x = PyLong_AsLongLong(v);
     Py_DECREF(v);
     if (x == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Format(PyExc_ValueError, "Directive.%U: not an int%d", name, bits);
         }
         return -1;
@@ -167,7 +168,7 @@ static uint8_t *write_directive(uint8_t *p, const fields_t *f) {
 static int as_u64(PyObject *v, const char *field, uint64_t *out) {
     *out = PyLong_AsUnsignedLongLong(v);
     if (*out == (uint64_t)-1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Format(PyExc_ValueError, "DirectiveBatch.%s: not a uint64", field);
         }
         return -1;

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import struct
+import types
 from typing import Any
 
 import pytest
@@ -99,6 +100,20 @@ def test_values_protobuf_refuses_are_refused_naming_the_field(field: str, value:
         native.encode_answer("c", 1, [d], 1, False, 1)
     with pytest.raises(ValueError):
         protobuf_bytes(Batch("c", 1), BatchOutcome([d], [], 1), 1)
+
+
+def test_a_field_of_the_wrong_type_is_a_type_error_as_in_protobuf() -> None:
+    """The writer reads attributes, as ``directive_to_pb`` does: an object with a str for an
+    int is refused with the TypeError protobuf raises, not written."""
+    good = Directive(1, DirectiveKind.DEMOTE, "b", "hbm", "dram", "p", 0.5, "r", 0, 1, 1)
+    names = ("directive_id", "kind", "block_id", "from_tier", "to_tier", "policy", "score", "reason", "arrive_by_us", "size", "generation")
+    fields = {name: getattr(good, name) for name in names}
+    for name, wrong in (("directive_id", "1"), ("size", 1.5), ("block_id", 7), ("score", "high")):
+        bad = types.SimpleNamespace(**{**fields, name: wrong})
+        with pytest.raises(TypeError):
+            native.encode_answer("c", 1, [bad], 1, False, 1)
+        with pytest.raises(TypeError):
+            protobuf_bytes(Batch("c", 1), BatchOutcome([bad], [], 1), 1)  # type: ignore[list-item]
 
 
 def test_batch_fields_out_of_range_are_refused_naming_the_field() -> None:

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from broker.config import JournalConfig
 from broker.journal.records import JournalRecord
-from broker.service import Answer
 from broker.server import (
     STREAM_PIPELINE,
     RunningBroker,
@@ -26,6 +25,7 @@ from broker.server import (
     stream_response_bytes,
     submit_response_bytes,
 )
+from broker.service import Answer
 from clients.broker_client import BrokerClient, BrokerError
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
