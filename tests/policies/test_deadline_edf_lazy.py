@@ -145,6 +145,11 @@ def run(
         outcome = apply_batch(core, batch)
         directives.extend(d.key() for d in outcome.directives)
         directives.extend((r.index, r.field, r.reason) for r in outcome.rejections)
+        for tier in core.tiers:
+            policy = tier.policy
+            assert isinstance(policy, DeadlineEDFPolicy)
+            # A record says it is parked exactly while it waits in _pending.
+            assert {block_id for block_id, held in policy._held.items() if held.parked} == set(policy._pending)
         if i % 7 == 6:
             # What a reader of the policies sees now: every held block, coldest first, and
             # which are protected (reads file the parked blocks, so only now and then).
@@ -175,6 +180,7 @@ def check_free_entries(policy: DeadlineEDFPolicy) -> int:
     assert policy._moved == sorted(policy._moved)
     live = 0
     for held in policy._held.values():
+        assert not held.parked, held.block.block_id  # nothing is parked right after a read
         assert held.in_free == (id(held.free_key) in present), held.block.block_id
         if held.state != NEAR:
             # Its entry: its current key, or a placeholder earlier in the order.
