@@ -536,7 +536,11 @@ class Core:
         # A policy with its own access_many gets the step's hits in one call (in order, and
         # before any general-path read of this step, so it sees the same sequence).
         hot: list[Block] = []
-        top_access = hot.append if self._access_many else top.access
+        # Branch per block rather than call a bound method chosen once (``hot.append`` or
+        # ``top.access``): compiled, ``hot.append(block)`` is a native list append, and a
+        # bound method in a local was a generic call per block (plus the method object made
+        # per event): 6.7% and 1.6% of ``apply_batch``'s instructions on the bench workload.
+        many = self._access_many
         protected: set[str] | None = None
         # The hot path's counters, added to stats once per event (plain sums: nothing reads
         # them in between).
@@ -558,7 +562,10 @@ class Core:
                 block.last_access_us = now
                 hits += 1
                 if not block.pinned:
-                    top_access(block)
+                    if many:
+                        hot.append(block)
+                    else:
+                        top.access(block)
                 ready = block.ready_us
                 if ready > now:
                     latency = ready - now
