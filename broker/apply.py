@@ -138,40 +138,63 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     core.client_seq[client] = reader.batch_seq
     core.stats.batches += 1
     rejections: list[Rejection] = []
-    events_seen = core.stats.events
     clock = core.clock
     index = 0
-    for ev in reader.events(core.blocks):
-        clock.event_index += 1
-        kind: int = ev[0]
-        try:
-            if kind == NONE:
-                raise EventError("kind", "event has no kind set")
-            ts_us: int = ev[1]
-            if ts_us < 0:
-                raise EventError("ts_us", f"must be >= 0, got {ts_us}")
-            if ts_us > clock.now_us:  # (advance checks it too; most events share a time)
-                core.advance(ts_us)
-            if kind == ACCESSED:
-                _accessed(core, ev, tenant)
-            elif kind == UPDATED:
-                _intent_updated(core, ev, tenant)
-            elif kind == ALLOCATED:
-                _allocated(core, ev, client, tenant)
-            elif kind == RELEASED:
-                core.release(_own(_blocks(core, ev[2], ev[3], "released.block_ids"), tenant, "released.block_ids"))
-            elif kind == FREED:
-                _freed(core, ev, tenant)
-            elif kind == CLEARED:
-                _cleared(core, client)
-            else:
-                _acked(core, ev, tenant)
-            events_seen[KIND_NAMES[kind]] += 1
-        except EventError as exc:
-            name = KIND_NAMES[kind]
-            field = exc.field if kind == NONE or exc.field.startswith(name) or exc.field == "ts_us" else f"{name}.{exc.field}"
-            rejections.append(Rejection(index, field, exc.reason, exc.code))
-        index += 1
+    # Applied events by kind, counted in native ints and added to stats.events once per
+    # batch: a dict item bumped per event (its name looked up, a boxed add, the item set)
+    # was 6% of apply_batch's instructions on the bench workload.
+    accessed = updated = allocated = released = freed = cleared = acked = 0
+    try:
+        for ev in reader.events(core.blocks):
+            clock.event_index += 1
+            kind: int = ev[0]
+            try:
+                if kind == NONE:
+                    raise EventError("kind", "event has no kind set")
+                ts_us: int = ev[1]
+                if ts_us < 0:
+                    raise EventError("ts_us", f"must be >= 0, got {ts_us}")
+                if ts_us > clock.now_us:  # (advance checks it too; most events share a time)
+                    core.advance(ts_us)
+                if kind == ACCESSED:
+                    _accessed(core, ev, tenant)
+                    accessed += 1
+                elif kind == UPDATED:
+                    _intent_updated(core, ev, tenant)
+                    updated += 1
+                elif kind == ALLOCATED:
+                    _allocated(core, ev, client, tenant)
+                    allocated += 1
+                elif kind == RELEASED:
+                    core.release(_own(_blocks(core, ev[2], ev[3], "released.block_ids"), tenant, "released.block_ids"))
+                    released += 1
+                elif kind == FREED:
+                    _freed(core, ev, tenant)
+                    freed += 1
+                elif kind == CLEARED:
+                    _cleared(core, client)
+                    cleared += 1
+                else:
+                    _acked(core, ev, tenant)
+                    acked += 1
+            except EventError as exc:
+                name = KIND_NAMES[kind]
+                field = exc.field if kind == NONE or exc.field.startswith(name) or exc.field == "ts_us" else f"{name}.{exc.field}"
+                rejections.append(Rejection(index, field, exc.reason, exc.code))
+            index += 1
+    finally:  # also when a batch stops on an error that is not the event's: what was applied counts
+        seen = core.stats.events
+        for name, count in (
+            ("accessed", accessed),
+            ("intent_updated", updated),
+            ("allocated", allocated),
+            ("released", released),
+            ("freed", freed),
+            ("cleared", cleared),
+            ("acked", acked),
+        ):
+            if count:
+                seen[name] += count
     core.stats.rejected_events += len(rejections)
     core.run_prefetch()
     return BatchOutcome(core.take_directives(), rejections, index - len(rejections))

@@ -8,7 +8,7 @@ import pytest
 from broker.apply import apply_batch
 from broker.core import Core
 from kvbroker.v1 import intent_pb2 as pb
-from tests.builders import Driver, access, alloc, free, release, update
+from tests.builders import Driver, access, alloc, clear, free, release, update
 from tests.conftest import small_config
 
 
@@ -50,6 +50,26 @@ def test_a_bad_event_is_rejected_with_index_field_reason_and_the_rest_applies(ba
     assert {"before", "after"} <= set(d.core.blocks)
     assert out.accepted == 2
     assert d.core.stats.rejected_events == 1
+
+
+def test_stats_count_the_applied_events_of_each_kind_and_not_the_rejected_ones() -> None:
+    d = Driver(small_config("lru"))
+    d.send(
+        alloc("a", ts=0),
+        alloc("b", ts=0),
+        alloc("a", ts=0),  # rejected: already allocated
+        access("a", ts=1),
+        access("a", "b", ts=1),
+        access("ghost", ts=1),  # rejected
+        update("b", ts=2, phase=pb.PHASE_DECODE),
+        pb.Event(ts_us=2),  # rejected: no kind
+        release("b", ts=3),
+    )
+    expected = {"allocated": 2, "accessed": 2, "intent_updated": 1, "released": 1, "freed": 0, "cleared": 0, "acked": 0}
+    assert d.core.stats.events == expected and d.core.stats.rejected_events == 3
+    d.send(free("a", ts=4), free("ghost", ts=4), clear(ts=5), access("b", ts=5))  # the clear drops b: the access is rejected
+    expected.update(freed=1, cleared=1)
+    assert d.core.stats.events == expected and d.core.stats.rejected_events == 5
 
 
 def test_an_event_naming_several_blocks_is_all_or_nothing() -> None:
