@@ -144,6 +144,9 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     # batch: a dict item bumped per event (its name looked up, a boxed add, the item set)
     # was 6% of apply_batch's instructions on the bench workload.
     accessed = updated = allocated = released = freed = cleared = acked = 0
+    # Declared: the reader is a protocol, and compiled, an event of unknown type was indexed
+    # by a generic getitem (ev[0], ev[1]), a tuple is indexed directly.
+    ev: tuple[Any, ...]
     try:
         for ev in reader.events(core.blocks):
             clock.event_index += 1

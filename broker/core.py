@@ -586,8 +586,11 @@ class Core:
             if hot:
                 top.access_many(hot)
         finally:
-            stats.accesses_by_tier[0] += hits
-            stats.latency_hist[0] += zero
+            # x[i] = x[i] + n, not x[i] += n: compiled, the augmented form is a generic
+            # in-place add of two objects, this one an add of native ints.
+            by_tier, hist = stats.accesses_by_tier, stats.latency_hist
+            by_tier[0] = by_tier[0] + hits
+            hist[0] = hist[0] + zero
             stats.dc_accesses += dc_accesses
             stats.dc_misses += dc_misses
             stats.deadline_accesses += dl_accesses
