@@ -203,9 +203,9 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     return BatchOutcome(core.take_directives(), rejections, index - len(rejections))
 
 
-def _non_negative(value: int | None, name: str) -> int | None:
+def _non_negative(value: int | None, field: str) -> int | None:
     if value is not None and value < 0:
-        raise EventError(f"allocated.intent.{name}", f"must be >= 0, got {value}")
+        raise EventError(field, f"must be >= 0, got {value}")
     return value
 
 
@@ -225,10 +225,10 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
     priority: int = ev[A_PRIORITY]
     if priority not in _PRIORITIES:
         raise EventError("allocated.intent.priority", f"unknown enum value {priority}")
-    deadline = _non_negative(ev[A_DEADLINE], "deadline_us")
-    slack = _non_negative(ev[A_SLACK], "slack_us")
-    recompute_cost = _non_negative(ev[A_RECOMPUTE_COST], "recompute_cost_us")
-    spill_cost = _non_negative(ev[A_SPILL_COST], "spill_cost_us")
+    deadline = _non_negative(ev[A_DEADLINE], "allocated.intent.deadline_us")
+    slack = _non_negative(ev[A_SLACK], "allocated.intent.slack_us")
+    recompute_cost = _non_negative(ev[A_RECOMPUTE_COST], "allocated.intent.recompute_cost_us")
+    spill_cost = _non_negative(ev[A_SPILL_COST], "allocated.intent.spill_cost_us")
     request_priority: int | None = ev[A_REQUEST_PRIORITY]
     if request_priority is None:
         request_priority = DEFAULT_REQUEST_PRIORITY
@@ -376,12 +376,11 @@ def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
     priority: int | None = ev[U_PRIORITY]
     if priority is not None and priority not in _PRIORITIES:
         raise EventError("intent_updated.priority", f"unknown enum value {priority}")
-    deadline: int | None = ev[U_DEADLINE]
-    slack: int | None = ev[U_SLACK]
-    recompute_cost: int | None = ev[U_RECOMPUTE_COST]
-    for name, value in (("deadline_us", deadline), ("slack_us", slack), ("recompute_cost_us", recompute_cost)):
-        if value is not None and value < 0:
-            raise EventError(f"intent_updated.{name}", f"must be >= 0, got {value}")
+    # One call each, not a loop over (name, value) pairs: compiled, the loop built four
+    # tuples and an iterator per update (3% of apply_batch on the bench workload).
+    deadline = _non_negative(ev[U_DEADLINE], "intent_updated.deadline_us")
+    slack = _non_negative(ev[U_SLACK], "intent_updated.slack_us")
+    recompute_cost = _non_negative(ev[U_RECOMPUTE_COST], "intent_updated.recompute_cost_us")
     request_priority: int | None = ev[U_REQUEST_PRIORITY]
     if request_priority is not None and request_priority > 100:
         raise EventError("intent_updated.request_priority", f"must be in 0..100, got {request_priority}")
