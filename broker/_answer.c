@@ -31,9 +31,13 @@ typedef struct {
     Py_ssize_t body; /* the Directive message's length */
 } fields_t;
 
-static PyObject *NAME[11];
-static const char *const NAME_STR[11] = {"directive_id", "kind",  "block_id",     "from_tier", "to_tier",   "policy",
-                                         "score",        "reason", "arrive_by_us", "size",      "generation"};
+/* Attribute names of a Directive, then the names of DirectiveBatch's own fields in errors. */
+enum { N_ID, N_KIND, N_BLOCK, N_FROM, N_TO, N_POLICY, N_SCORE, N_REASON, N_ARRIVE, N_SIZE, N_GENERATION,
+       N_BATCH_SEQ, N_ACCEPTED, N_CONFIG_GENERATION, N_NAMES };
+static PyObject *NAME[N_NAMES];
+static const char *const NAME_STR[N_NAMES] = {"directive_id", "kind",      "block_id",        "from_tier",        "to_tier",
+                                              "policy",       "score",     "reason",          "arrive_by_us",     "size",
+                                              "generation",   "batch_seq", "accepted_events", "config_generation"};
 
 static inline Py_ssize_t varint_len(uint64_t v) {
     Py_ssize_t n = 1;
@@ -53,20 +57,25 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t v) {
     return p;
 }
 
-/* A uint64 field's value; an int outside 0 .. 2**64-1 raises ValueError, as protobuf does (and
- * anything but an int TypeError). */
-static int get_u64(PyObject *obj, PyObject *name, uint64_t *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
+/* A uint64 field's value, ``message.field`` naming it in errors: an int outside 0 .. 2**64-1
+ * raises ValueError, as protobuf does (and anything but an int TypeError). */
+static int as_u64(PyObject *v, const char *message, PyObject *field, uint64_t *out) {
     *out = PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
     if (*out == (uint64_t)-1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Format(PyExc_ValueError, "Directive.%U: not a uint64", name);
+            PyErr_Format(PyExc_ValueError, "%s.%U: not a uint64", message, field);
         }
         return -1;
     }
     return 0;
+}
+
+static int get_u64(PyObject *obj, PyObject *name, uint64_t *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int failed = as_u64(v, "Directive", name, out);
+    Py_DECREF(v);
+    return failed;
 }
 
 /* An int64 field's value (an enum is int32: ``bits`` 32), as the uint64 written. */
@@ -96,17 +105,18 @@ static void release(fields_t *f) {
 /* Read one directive; on failure nothing of it is held. */
 static int read_directive(PyObject *d, fields_t *f) {
     memset(f, 0, sizeof *f);
-    if (get_u64(d, NAME[0], &f->id) || get_signed(d, NAME[1], 32, &f->kind) || get_signed(d, NAME[8], 64, &f->arrive) ||
-        get_u64(d, NAME[9], &f->size) || get_u64(d, NAME[10], &f->generation)) {
+    if (get_u64(d, NAME[N_ID], &f->id) || get_signed(d, NAME[N_KIND], 32, &f->kind) ||
+        get_signed(d, NAME[N_ARRIVE], 64, &f->arrive) || get_u64(d, NAME[N_SIZE], &f->size) ||
+        get_u64(d, NAME[N_GENERATION], &f->generation)) {
         return -1;
     }
-    PyObject *score = PyObject_GetAttr(d, NAME[6]);
+    PyObject *score = PyObject_GetAttr(d, NAME[N_SCORE]);
     if (score == NULL) return -1;
     double s = PyFloat_AsDouble(score);
     Py_DECREF(score);
     if (s == -1.0 && PyErr_Occurred()) return -1;
     memcpy(&f->score_bits, &s, sizeof s);
-    static const int STR_NAME[N_STR] = {2, 3, 4, 5, 7};
+    static const int STR_NAME[N_STR] = {N_BLOCK, N_FROM, N_TO, N_POLICY, N_REASON};
     Py_ssize_t body = 0;
     for (int i = 0; i < N_STR; i++) {
         PyObject *v = PyObject_GetAttr(d, NAME[STR_NAME[i]]);
@@ -165,17 +175,6 @@ static uint8_t *write_directive(uint8_t *p, const fields_t *f) {
     return p;
 }
 
-static int as_u64(PyObject *v, const char *field, uint64_t *out) {
-    *out = PyLong_AsUnsignedLongLong(v);
-    if (*out == (uint64_t)-1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Format(PyExc_ValueError, "DirectiveBatch.%s: not a uint64", field);
-        }
-        return -1;
-    }
-    return 0;
-}
-
 /* encode_answer(client_id, batch_seq, directives, accepted_events, duplicate, generation):
  * the DirectiveBatch with these fields and no rejections, serialized. */
 static PyObject *encode_answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -190,8 +189,9 @@ static PyObject *encode_answer(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     uint64_t batch_seq, accepted, generation;
-    if (as_u64(args[1], "batch_seq", &batch_seq) || as_u64(args[3], "accepted_events", &accepted) ||
-        as_u64(args[5], "config_generation", &generation)) {
+    if (as_u64(args[1], "DirectiveBatch", NAME[N_BATCH_SEQ], &batch_seq) ||
+        as_u64(args[3], "DirectiveBatch", NAME[N_ACCEPTED], &accepted) ||
+        as_u64(args[5], "DirectiveBatch", NAME[N_CONFIG_GENERATION], &generation)) {
         return NULL;
     }
     if (accepted > UINT32_MAX) {
@@ -267,7 +267,7 @@ static struct PyModuleDef answer_module = {
 };
 
 PyMODINIT_FUNC PyInit__answer(void) {
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < N_NAMES; i++) {
         NAME[i] = PyUnicode_InternFromString(NAME_STR[i]);
         if (NAME[i] == NULL) return NULL;
     }
