@@ -187,15 +187,8 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
             index += 1
     finally:  # also when a batch stops on an error that is not the event's: what was applied counts
         seen = core.stats.events
-        for name, count in (
-            ("accessed", accessed),
-            ("intent_updated", updated),
-            ("allocated", allocated),
-            ("released", released),
-            ("freed", freed),
-            ("cleared", cleared),
-            ("acked", acked),
-        ):
+        counts = (allocated, accessed, updated, released, freed, cleared, acked)  # kinds ALLOCATED .. ACKED
+        for name, count in zip(KIND_NAMES[ALLOCATED:], counts, strict=True):
             if count:
                 seen[name] += count
     core.stats.rejected_events += len(rejections)
