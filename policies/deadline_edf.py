@@ -437,10 +437,14 @@ class DeadlineEDFPolicy(Policy):
         if held is None:
             raise self._unknown(block)
         if not held.parked:
-            self._unfile(held)
-            self._pending[block_id] = held
-            held.parked = True
+            self._park_held(held)
         return held
+
+    def _park_held(self, held: _Held) -> None:
+        """Out of its lists, into ``_pending`` (held not parked yet): ``parked`` says so."""
+        self._unfile(held)
+        self._pending[held.block.block_id] = held
+        held.parked = True
 
     def _keeps_place(self, held: _Held) -> bool:
         """Whether a read of this block may leave everything as it is but its stamp: what
@@ -475,9 +479,7 @@ class DeadlineEDFPolicy(Policy):
         if held is None:
             raise self._unknown(block)
         if not held.parked and not (self.lazy and self._keeps_place(held)):
-            self._unfile(held)  # out of its lists under its old stamp
-            self._pending[block_id] = held
-            held.parked = True
+            self._park_held(held)  # out of its lists under its old stamp
         self._stamp += 1
         held.stamp = self._stamp
         if not self.lazy:
@@ -488,16 +490,14 @@ class DeadlineEDFPolicy(Policy):
             super().access_many(blocks)
             return
         self._sync()
-        held_of, pending = self._held, self._pending
+        held_of = self._held
         for block in blocks:  # access, written out: the loop of every decode step
             block_id = block.block_id
             held = held_of.get(block_id)
             if held is None:
                 raise self._unknown(block)
             if not held.parked and not self._keeps_place(held):
-                self._unfile(held)  # under its old stamp
-                pending[block_id] = held
-                held.parked = True
+                self._park_held(held)  # under its old stamp
             self._stamp += 1
             held.stamp = self._stamp
 
