@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Core speed: events per second of the broker's core alone, on ``kvbroker bench``'s workload.
 
-The load generators' engines (broker/bench_workload.py) are encoded once, cut into batches
+The load generators' engines (broker/bench/workload.py) are encoded once, cut into batches
 and serialized as IntentBatches, the streams interleaved as a broker would receive them;
 each policy then applies those bytes through the broker's reader and core (``apply_batch``)
 in this one process: no gRPC, no journal, no other process. What ``kvbroker bench``
@@ -22,10 +22,10 @@ import statistics
 import sys
 import time
 
-from broker.apply import apply_batch
-from broker.bench_workload import BENCH_TIERS, encode_workload, intent_batch, run_tag
+from broker.bench.workload import BENCH_TIERS, encode_workload, intent_batch, run_tag
 from broker.config import ConfigError, parse_config
-from broker.core import Core
+from broker.model.apply import apply_batch
+from broker.model.core import Core
 
 
 def batches(streams: int, events: int, batch: int, seed: int, prefix_cache: bool) -> list[bytes]:

@@ -3,7 +3,7 @@
 
 Each block count runs in a fresh process: the core is built with the policy, N blocks are
 allocated through the broker's own path (apply_batch), and the RSS added is divided by N
-(broker/bench_memory.py has the method). The issue's target: at most 300 bytes per block at
+(broker/bench/memory.py has the method). The issue's target: at most 300 bytes per block at
 1M blocks.
 
     python bench/memory.py                           # 100k and 1M, deadline_edf
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from broker.bench_memory import main
+from broker.bench.memory import main
 
 if __name__ == "__main__":
     sys.exit(main())

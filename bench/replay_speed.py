@@ -21,11 +21,12 @@ import sys
 import time
 
 from broker.config import CoreConfig, TierConfig
-from broker.replay import replay
-from clients.traces import TraceOptions, read_trace
+from broker.replay.replay import replay
+from broker.replay.traces import TraceOptions, read_trace
 from policies import registry
 
-TRACE = os.environ.get("KVBROKER_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+# The bundled copy of the Mooncake trace (tests/data/mooncake/README.md).
+TRACE = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
 
 
 def main() -> int:

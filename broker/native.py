@@ -3,7 +3,7 @@
 ``pip install -e .`` compiles the modules below (setup.py; ``KVBROKER_PURE_PYTHON=1`` skips
 it). A compiled module is an extension file (``core.cpython-311-x86_64-linux-gnu.so``)
 beside its source, and Python imports it instead of the ``.py``: after an edit to
-``broker/core.py`` without a rebuild, the broker and the tests would run the old code. So
+``broker/model/core.py`` without a rebuild, the broker and the tests would run the old code. So
 the build records the sha256 of every source it compiled (``MANIFEST``), and ``stale()``
 names each compiled module whose source no longer matches; the test suite refuses to run
 and ``kvbroker`` warns while any is stale.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 # The hot path of replay and the live broker; the other modules stay interpreted.
 COMPILED_MODULES = (
-    "broker.apply",
-    "broker.core",
-    "broker.stats",
+    "broker.model.apply",
+    "broker.model.core",
+    "broker.model.stats",
     "policies.base",
     "policies.deadline_edf",
     "policies.lru",
@@ -34,10 +34,10 @@ COMPILED_MODULES = (
 # Hand-written C extensions, by module: their source (setup.py builds them beside the
 # group; the same record and staleness check cover them).
 C_EXTENSIONS = {
-    # The native reader of IntentBatch bytes (broker/wire.py says why).
-    "broker._wire": "broker/_wire.c",
-    # The native writer of a batch's answer, DirectiveBatch bytes (broker/_answer.c says why).
-    "broker._answer": "broker/_answer.c",
+    # The native reader of IntentBatch bytes (broker/model/wire.py says why).
+    "broker.model._wire": "broker/model/_wire.c",
+    # The native writer of a batch's answer, DirectiveBatch bytes (broker/model/_answer.c says why).
+    "broker.model._answer": "broker/model/_answer.c",
     # Untracking objects that cannot be on a cycle (policies/_gc.c says why).
     "policies._gc": "policies/_gc.c",
 }

@@ -1,6 +1,6 @@
 """`kvbroker vllm-bridge`: stream a vLLM engine's KV-cache events into the broker.
 
-Kept apart from broker/cli.py so the verb is one ``add_parser(subparsers)`` call to wire in.
+Kept apart from broker/cli/main.py so the verb is one ``add_parser(subparsers)`` call to wire in.
 Prints one JSON line when it starts (``{"event": "bridging", ...}``) and one when it stops
 (``{"event": "stopped", ...}`` with every counter); exits 0 on SIGTERM/SIGINT, 1 if the
 broker refused the bridge for good, 2 on a bad argument.
@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 
-from broker import kvsize
+from clients import kvsize
 from clients.broker_client import BrokerError, WhenFull
 from clients.vllm_events import DEFAULT_TIER_MAP, format_tier_map, parse_tier_map
 

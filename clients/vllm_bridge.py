@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import zmq
 import zmq.asyncio
 
-from broker import kvsize
+from clients import kvsize
 from clients.broker_client import BrokerClient, BrokerError, BrokerQueueFull, WhenFull
 from clients.vllm_events import (
     DEFAULT_TIER_MAP,

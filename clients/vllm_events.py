@@ -1,7 +1,7 @@
 """vLLM KV-cache events: the wire format, block ids, the mapping to broker events, captures.
 
 Shared by the live bridge (``clients.vllm_bridge``) and the capture importer
-(``clients.traces.vllm``), so a capture replays into exactly the events the bridge sent.
+(``broker.replay.traces.vllm``), so a capture replays into exactly the events the bridge sent.
 Nothing here does network I/O.
 
 **Wire format** (vllm/distributed/kv_events.py). A batch is three frames on the PUB socket,
@@ -28,7 +28,7 @@ lives in the highest tier holding a copy of it.
 **Mapping** (``EngineTranslator``, one per engine, i.e. per data-parallel rank):
 
 - BlockStored: each hash, in chain order, becomes ``allocated`` in the medium's tier, sized
-  by ``broker.kvsize`` for the model and the event's ``block_size``; the previous block of
+  by ``clients.kvsize`` for the model and the event's ``block_size``; the previous block of
   the chain (``parent_block_hash`` for the first) is ``parent_block_id``. A copy stored in a
   lower medium than one already holding the block sends nothing; a copy in a higher one
   moves the block up (``freed`` then ``allocated``).
@@ -65,7 +65,7 @@ from typing import IO, Any
 
 import msgpack
 
-from broker import kvsize
+from clients import kvsize
 from kvbroker.v1 import intent_pb2 as pb
 
 log = logging.getLogger("kvbroker.vllm_events")
@@ -393,7 +393,7 @@ class MappingOptions:
     """How one engine's events become broker events."""
 
     model: str = "llama-3-8b"
-    # KV-cache scalar type (broker.kvsize.DTYPE_BYTES key).
+    # KV-cache scalar type (clients.kvsize.DTYPE_BYTES key).
     dtype: str = "fp16"
     # Bytes of one block, overriding the model's figure (all block sizes alike).
     block_bytes: int | None = None
@@ -412,9 +412,7 @@ class MappingOptions:
 
 def resolve_model(model: str) -> kvsize.ModelShape:
     """A known model name or a config.json path (as ``kvbroker size`` takes it)."""
-    from broker.cli_size import resolve_shape
-
-    return resolve_shape(model)
+    return kvsize.resolve_shape(model)
 
 
 @dataclasses.dataclass

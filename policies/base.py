@@ -72,7 +72,7 @@ DEFAULT_REQUEST_PRIORITY: Final = 50
 # mypyc (broker/native.py compiles this module): a compiled class's __new__ runs __init__,
 # unless the class allows interpreted subclasses. This mark is what lets copy.deepcopy copy
 # an instance (a shadow policy starts from a copy of the live core) and ``Block.__new__``
-# make an empty block (broker.apply). (mypyc's serializable=True is meant for it, but in
+# make an empty block (broker.model.apply). (mypyc's serializable=True is meant for it, but in
 # mypy 2.4.1 it also turns a constructor call from interpreted code into a no-op.)
 @mypyc_attr(allow_interpreted_subclasses=True)
 class Block:
@@ -129,7 +129,7 @@ class Block:
         # but wraps silently on overflow, and typed code doing arithmetic with it gets a
         # native int too; so only fields that are never counted or computed with, and
         # whose range is bounded, are native: the tier index (-1 .. number of tiers), and
-        # phase and priority (enum numbers: broker.apply rejects a value outside the enum
+        # phase and priority (enum numbers: broker.model.apply rejects a value outside the enum
         # before it sets one). Counters, sizes, times, request_priority (scored with) and
         # the wire's uint32/uint64 fields stay ``int``: any value, 8 bytes unless huge.
         self.tier: i32 = DROPPED

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.apply import BatchOutcome, apply_batch
 from broker.config import BrokerConfig
-from broker.core import Core, Directive
+from broker.model.apply import BatchOutcome, apply_batch
+from broker.model.core import Core, Directive
 from kvbroker.v1 import intent_pb2 as pb
 
 

@@ -12,7 +12,7 @@ import redis
 
 from broker import native
 from broker.config import BrokerConfig, JournalConfig, parse_config
-from broker.server import RunningBroker, start_broker
+from broker.service.server import RunningBroker, start_broker
 from tests.redis_server import RedisServer, free_port
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import collections
 import heapq
 import json
-import os
 import pathlib
 
-# The project's reference data lives in shared/ beside the repository (CI clones next to it);
-# KVBROKER_SHARED_DATA points elsewhere.
-SHARED_DATA = pathlib.Path(os.environ.get("KVBROKER_SHARED_DATA", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
-MOONCAKE = SHARED_DATA / "mooncake" / "synthetic_trace.jsonl"
-assert MOONCAKE.exists(), f"reference trace missing: {MOONCAKE} (set KVBROKER_SHARED_DATA to shared/data)"
+# The traces the tests need are kept in the repository (tests/data/*/README.md: origin and
+# licence), so a fresh clone runs its tests with nothing beside it.
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+MOONCAKE = DATA / "mooncake" / "synthetic_trace.jsonl"
+KVDS_DEADLINE_PRESSURE = DATA / "kvds" / "deadline_pressure.jsonl"
 
 
 def block_sequence() -> list[int]:

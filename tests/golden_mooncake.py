@@ -15,9 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from broker.replay import replay
-from broker.sweep import single_tier
-from clients.traces import TraceOptions, read_trace
+from broker.replay.replay import replay
+from broker.replay.sweep import single_tier
+from broker.replay.traces import TraceOptions, read_trace
 from kvbroker.v1 import intent_pb2 as pb
 from policies import registry
 from tests.golden import MOONCAKE

@@ -23,7 +23,7 @@ import pytest
 
 from broker.config import BrokerConfig, JournalConfig
 from broker.journal import JournalSource
-from broker.server import RunningBroker, start_broker
+from broker.service.server import RunningBroker, start_broker
 from clients.broker_client import BrokerClient, BrokerError, BrokerQueueFull, WhenFull
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from broker.config import BrokerConfig, JournalConfig
-from broker.server import RunningBroker, start_broker
+from broker.service.server import RunningBroker, start_broker
 from clients.engine_hooks import EngineHooks
 from clients.sync_client import QueueFull, SyncBrokerClient
 from clients.vllm_events import block_id

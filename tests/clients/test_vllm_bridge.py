@@ -30,9 +30,9 @@ import zmq
 
 from broker.config import BrokerConfig, JournalConfig, parse_config
 from broker.journal import JournalSource
-from broker.server import RunningBroker, start_broker
+from broker.replay.traces import TraceOptions, read_trace
+from broker.service.server import RunningBroker, start_broker
 from clients.admin import get_residency
-from clients.traces import TraceOptions, read_trace
 from clients.vllm_bridge import BridgeConfig, RankBridge, VllmBridge, offset_endpoint
 from clients.vllm_events import END_OF_REPLAY, block_id, encode_seq
 from kvbroker.v1 import broker_service_pb2 as spb

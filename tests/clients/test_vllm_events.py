@@ -13,10 +13,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker import kvsize
 from broker.config import CoreConfig
-from broker.replay import replay
-from clients.traces import FORMATS, SkipCounter, TraceError, TraceOptions, read_trace
+from broker.replay.replay import replay
+from broker.replay.traces import FORMATS, SkipCounter, TraceError, TraceOptions, read_trace
+from clients import kvsize
 from clients.vllm_events import (
     END_OF_REPLAY,
     AllBlocksCleared,

@@ -28,9 +28,11 @@ import yaml
 
 from broker import native
 from broker.config import BrokerConfig, config_from_dict
-from broker.health import LIVENESS_SERVICE, HealthConfig, health_config_from_dict
-from broker.server import SERVICE_NAME
-from broker.telemetry import TelemetryConfig, telemetry_config_from_dict
+from broker.config.health import health_config_from_dict
+from broker.config.telemetry import telemetry_config_from_dict
+from broker.service.health import LIVENESS_SERVICE, HealthConfig
+from broker.service.server import SERVICE_NAME
+from broker.service.telemetry import TelemetryConfig
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -203,7 +205,7 @@ def test_dockerfile_runs_kvbroker_serve_as_a_non_root_user_with_the_deployed_con
     # Health check: the gRPC health probe, on the listen port, for the broker service.
     (hc,) = df.all("HEALTHCHECK")
     cmd = json.loads(hc[hc.index("CMD") + 3 :].strip())
-    assert cmd[:3] == ["python", "-m", "broker.health_probe"]
+    assert cmd[:3] == ["python", "-m", "broker.service.health_probe"]
     assert cmd[cmd.index("--addr") + 1] == f"127.0.0.1:{d.grpc_port}"
     assert cmd[cmd.index("--service") + 1] == SERVICE_NAME
 
@@ -240,8 +242,13 @@ def test_dockerfile_copies_exist_and_are_enough_to_build_the_package(tmp_path: P
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
         manifest = json.loads(zf.read(native.MANIFEST)) if native.MANIFEST in names else None
         sources = {module: hashlib.sha256(zf.read(str(native.source(module, Path())))).hexdigest() for module in native.BUILT_MODULES}
-    assert {"broker/health_probe.py", "broker/health.py", "broker/telemetry.py", "kvbroker/v1/broker_service_pb2.py"} <= names
-    assert "kvbroker = broker.cli:main" in entry_points
+    assert {
+        "broker/service/health_probe.py",
+        "broker/service/health.py",
+        "broker/service/telemetry.py",
+        "kvbroker/v1/broker_service_pb2.py",
+    } <= names
+    assert "kvbroker = broker.cli.main:main" in entry_points
     # The image runs the hot path compiled (setup.py), unless this run is the pure Python one.
     compiled = {n.split(".")[0].replace("/", ".") for n in names if n.endswith(".so")}
     if os.environ.get(native.PURE_ENV, "") in ("", "0"):
@@ -314,7 +321,7 @@ def test_compose_health_checks_and_start_order() -> None:
     d = deployed()
     broker = compose_service(broker_service_name())
     test = broker["healthcheck"]["test"]
-    assert test[:4] == ["CMD", "python", "-m", "broker.health_probe"]
+    assert test[:4] == ["CMD", "python", "-m", "broker.service.health_probe"]
     assert test[test.index("--addr") + 1] == f"127.0.0.1:{d.grpc_port}"
     assert test[test.index("--service") + 1] == SERVICE_NAME
     redis = compose_service(d.journal.hostname or "")

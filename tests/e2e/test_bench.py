@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.bench_workload import BENCH_TIERS, MARK, encode_workload, run_tag, stream_request
+from broker.bench.workload import BENCH_TIERS, MARK, encode_workload, run_tag, stream_request
 from clients.admin import get_stats
 from kvbroker.v1 import broker_service_pb2 as spb
 from policies.base import Block

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.replay import ProgressBar
+from broker.replay.replay import ProgressBar
 
 KVBROKER = Path(sys.executable).parent / "kvbroker"
 

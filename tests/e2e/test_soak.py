@@ -1,7 +1,7 @@
 """Soak: a real ``kvbroker serve`` holds several concurrent client streams for a while.
 
 Four BrokerClient streams on loopback each drive the built-in demo workload
-(broker/demo_workload.py: prefill with a shared prefix, round-robin decode announced one
+(broker/cli/demo_workload.py: prefill with a shared prefix, round-robin decode announced one
 iteration ahead, requests freed when done) round after round, with their own block ids,
 acking every directive, until the time is up. Asserted: no stream error, no rejected event,
 every batch answered, the file journal holds every batch exactly once (per client, batch_seq
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.demo_workload import DEMO_CONFIG, ITERATION_US, DemoWorkload
+from broker.cli.demo_workload import DEMO_CONFIG, ITERATION_US, DemoWorkload
 from broker.journal import JournalSource
 from clients.broker_client import BrokerClient
 from kvbroker.v1 import intent_pb2 as pb
-from tests.broker.test_fuzz_server import Broker
+from tests.broker.service.test_fuzz_server import Broker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 

@@ -7,9 +7,9 @@ TARGET is one of:
 
 - ``apply``: bytes as an IntentBatch, applied to a core (policy priority_lru, three small
   tiers), as the broker does after decoding; only a DecodeError (not protobuf) may escape,
-  and the answer the broker sends (the native writer, broker/_answer.c, when built) must be
+  and the answer the broker sends (the native writer, broker/model/_answer.c, when built) must be
   the bytes protobuf writes.
-- ``wire``: bytes as a serialized IntentBatch, read by the native reader (broker/_wire.c)
+- ``wire``: bytes as a serialized IntentBatch, read by the native reader (broker/model/_wire.c)
   and by the reference reader: the native one must refuse (Unsupported) what protobuf
   rejects, and read exactly what the reference reads when it accepts. Build the extension
   with AddressSanitizer for this one (README, Fuzzing) to catch memory errors as well.
@@ -34,12 +34,12 @@ import atheris
 with atheris.instrument_imports():
     from google.protobuf.message import DecodeError as ProtoDecodeError
 
-    from broker import wire
-    from broker.apply import apply_batch
     from broker.config import ConfigError, parse_config
-    from broker.core import Core
-    from broker.service import answer_bytes, outcome_to_pb
-    from clients.traces import SkipCounter, TraceError, TraceOptions, read_trace
+    from broker.model import wire
+    from broker.model.apply import apply_batch
+    from broker.model.core import Core
+    from broker.replay.traces import SkipCounter, TraceError, TraceOptions, read_trace
+    from broker.service.broker_service import answer_bytes, outcome_to_pb
     from clients.vllm_events import DecodeError, EngineTranslator, MappingOptions, decode_batch, ts_to_us
     from kvbroker.v1 import intent_pb2 as pb
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from broker.apply import apply_batch
 from broker.config import PolicyConfig
-from broker.core import Core
-from broker.sweep import single_tier
+from broker.model.apply import apply_batch
+from broker.model.core import Core
+from broker.replay.sweep import single_tier
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import Block, Clock, Phase, PolicyContext, PolicyError, Priority, TierInfo
 from policies.bayesian_reuse import BayesianReuseParams, BayesianReusePolicy, Transition

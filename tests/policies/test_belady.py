@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.config import parse_config
-from broker.core import Core
-from broker.replay import replay
+from broker.model.core import Core
+from broker.replay.replay import replay
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import PolicyError
 from tests.builders import access, alloc

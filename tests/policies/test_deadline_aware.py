@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from broker.core import DirectiveKind
+from broker.model.core import DirectiveKind
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import Block, Clock, Phase, PolicyContext, PolicyError, Priority, TierInfo
 from policies.deadline_aware import DeadlineAwarePolicy, DeadlineParams

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import parse_config
-from broker.core import DirectiveKind
+from broker.model.core import DirectiveKind
 from kvbroker.v1 import intent_pb2 as pb
 from policies.base import Block, Clock, PolicyContext, PolicyError, Priority, TierInfo
 from policies.deadline_edf import DeadlineEDFParams, DeadlineEDFPolicy

@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from broker.apply import apply_batch
 from broker.config import parse_config
-from broker.core import Core
+from broker.model.apply import apply_batch
+from broker.model.core import Core
 from kvbroker.v1 import intent_pb2 as pb
 from policies.deadline_edf import NEAR, DeadlineEDFPolicy
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from broker.core import Core
+from broker.model.core import Core
 from policies import base
 from policies.deadline_edf import DeadlineEDFPolicy
 from tests.builders import Driver, alloc, free

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from broker.config import parse_config
-from broker.core import DirectiveKind
+from broker.model.core import DirectiveKind
 from policies.base import Block, Clock, PolicyContext, PolicyError, TierInfo
 from policies.markov_prefetch import MarkovPrefetchParams, MarkovPrefetchPolicy
 from policies.registry import make_params, policy_class

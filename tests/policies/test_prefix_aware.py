@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.core import DirectiveKind
+from broker.model.core import DirectiveKind
 from tests.builders import Driver, alloc, release
 from tests.conftest import small_config
 

@@ -1,6 +1,0 @@
-# Types of broker._answer, the native writer of DirectiveBatch bytes (broker/_answer.c).
-from typing import Any
-
-def encode_answer(
-    client_id: str, batch_seq: int, directives: list[Any], accepted_events: int, duplicate: bool, config_generation: int
-) -> bytes: ...

@@ -1,0 +1,578 @@
+"""The `kvbroker` command. Verbs, flags and --json field names are contracts (README.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from broker import native
+from broker.config import ConfigError, load_config, parse_config
+
+
+def _split_policies(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for value in values or []:
+        out.extend(p.strip() for p in value.split(",") if p.strip())
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.logs import setup_logging
+    from broker.service.server import run
+    from broker.service.telemetry import validate_telemetry
+
+    def with_flags(config: Any) -> Any:
+        """The command line wins over the file, at start and on every reload of the file."""
+        if args.listen:
+            config = dataclasses.replace(config, listen=args.listen)
+        if args.journal:
+            config = dataclasses.replace(config, journal=dataclasses.replace(config.journal, url=args.journal))
+        overrides = {
+            "prometheus_port": args.metrics_port,
+            "prometheus_host": args.metrics_host,
+            "otlp_endpoint": args.otlp_endpoint,
+            "traces": args.traces,
+            "log_format": args.log_format,
+        }
+        telemetry = dataclasses.replace(config.telemetry, **{k: v for k, v in overrides.items() if v is not None})
+        validate_telemetry(telemetry)  # a ConfigError naming telemetry.<key>, as for the file
+        return dataclasses.replace(config, telemetry=telemetry)
+
+    config = with_flags(load_config(args.config))
+    setup_logging(args.log_level, config.telemetry.log_format)
+
+    def ready(broker: Any) -> None:
+        # One machine-readable line so wrappers and tests can find the port (listen on :0).
+        line = {"event": "listening", "port": broker.port, "policy": broker.service.policy_name}
+        line["metrics_port"] = broker.telemetry.metrics_port if broker.telemetry is not None else None
+        print(json.dumps(line), flush=True)
+
+    run(config, args.config, on_ready=ready, overrides=with_flags)
+    return 0
+
+
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    """How a tool reaches a secured broker; each flag defaults to its KVBROKER_* variable."""
+    p.add_argument("--tls-ca", help="PEM CA of the broker's certificate: connect over TLS (env KVBROKER_TLS_CA)")
+    p.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS (env KVBROKER_TLS_CERT)")
+    p.add_argument("--tls-key", help="PEM key of --tls-cert (env KVBROKER_TLS_KEY)")
+    p.add_argument("--tls-server-name", help="name the broker's certificate is checked for (env KVBROKER_TLS_SERVER_NAME)")
+    p.add_argument("--token-file", help="file holding the bearer token (env KVBROKER_TOKEN_FILE, or the token in KVBROKER_TOKEN)")
+
+
+def _client_security(args: argparse.Namespace) -> Any:
+    """The command line over the KVBROKER_* environment (the token is never a flag: ps shows flags)."""
+    from clients.broker_client import ClientSecurity, read_token
+
+    env = ClientSecurity.from_env()
+    return dataclasses.replace(
+        env,
+        tls_ca=args.tls_ca or env.tls_ca,
+        tls_cert=args.tls_cert or env.tls_cert,
+        tls_key=args.tls_key or env.tls_key,
+        server_name=args.tls_server_name or env.server_name,
+        token=read_token(args.token_file) if args.token_file else env.token,
+    )
+
+
+def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
+    """GetStats of --target, or None after saying on stderr why it could not be had."""
+    import grpc
+
+    from clients.admin import get_stats
+
+    try:
+        return get_stats(args.target, timeout=args.timeout, security=_client_security(args))
+    except ValueError as exc:  # a certificate or token file that cannot be read
+        print(f"kvbroker {verb}: {exc}", file=sys.stderr)
+        return None
+    except grpc.RpcError as exc:
+        print(f"kvbroker {verb}: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return None
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    stats = _stats_or_none("status", args)
+    if stats is None:
+        return 2
+    tiers = [
+        {"name": t.name, "blocks": t.blocks, "bytes": t.bytes, "capacity_bytes": t.capacity_bytes, "pinned_bytes": t.pinned_bytes}
+        for t in stats.tiers
+    ]
+    record: dict[str, Any] = {
+        "broker_id": stats.broker_id,
+        "policy": stats.policy,
+        "config_generation": stats.config_generation,
+        "tiers": tiers,
+        "events": dict(sorted(stats.events.items())),
+        "directives": dict(sorted(stats.directives.items())),
+        "batches": stats.batches,
+        "duplicate_batches": stats.duplicate_batches,
+        "rejected_events": stats.rejected_events,
+        "accesses_by_tier": {(k or "dropped"): v for k, v in sorted(stats.accesses_by_tier.items())},
+        "decode_critical_accesses": stats.decode_critical_accesses,
+        "decode_critical_misses": stats.decode_critical_misses,
+        "journal": stats.journal,
+        "journal_pending": stats.journal_pending,
+        "journal_written": stats.journal_written,
+        "journal_errors": stats.journal_errors,
+        "journal_spool_records": stats.journal_spool_records,
+        "journal_spool_bytes": stats.journal_spool_bytes,
+        "journal_dropped": stats.journal_dropped,
+        "clients": stats.clients,
+    }
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return 0
+    print(f"broker {record['broker_id']}  policy {record['policy']}  config generation {record['config_generation']}")
+    print(f"{'tier':<8} {'blocks':>10} {'bytes':>16} {'capacity':>16} {'pinned':>16}")
+    for t in tiers:
+        print(f"{t['name']:<8} {t['blocks']:>10} {t['bytes']:>16} {t['capacity_bytes']:>16} {t['pinned_bytes']:>16}")
+    print("events:     " + ", ".join(f"{k} {v}" for k, v in record["events"].items()))
+    print("directives: " + ", ".join(f"{k} {v}" for k, v in record["directives"].items()))
+    print(f"batches {record['batches']} (duplicates {record['duplicate_batches']}), rejected events {record['rejected_events']}")
+    print(
+        f"journal {record['journal']}: written {record['journal_written']}, "
+        f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
+        f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
+    )
+    return 0
+
+
+def _capacity_combos(args: argparse.Namespace, bytes_per_token: int) -> list[dict[int, int]]:
+    """Cartesian product of --hbm/--dram/--nvme lists: tier position -> bytes."""
+    from broker.replay.sweep import parse_capacity
+
+    combos: list[dict[int, int]] = [{}]
+    for position, flag in enumerate(("hbm", "dram", "nvme")):
+        value = getattr(args, flag)
+        if not value:
+            continue
+        sizes = [parse_capacity(v, bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
+        combos = [{**c, position: size} for c in combos for size in sizes]
+    return combos
+
+
+def _write_csv(records: list[dict[str, Any]], target: str) -> None:
+    import csv
+    import io
+
+    flat = []
+    for rec in records:
+        row: dict[str, Any] = {}
+        for key, value in rec.items():
+            if key == "latency_hist":
+                continue  # buckets, not a column: in --json
+            if isinstance(value, dict):
+                for sub_key, sub_value in value.items():
+                    row[f"{key}.{sub_key}"] = sub_value
+            else:
+                row[key] = value
+        flat.append(row)
+    fields = list(dict.fromkeys(k for row in flat for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(flat)
+    if target == "-":
+        sys.stdout.write(buffer.getvalue())
+    else:
+        with open(target, "w", encoding="utf-8", newline="") as f:
+            f.write(buffer.getvalue())
+
+
+ARM_FIELDS = (
+    "name",
+    "policy",
+    "role",
+    "accesses",
+    "hit_rate",
+    "decode_critical_accesses",
+    "decode_critical_misses",
+    "mean_latency_us",
+    "p99_latency_us",
+    "evictions",
+    "demotions",
+    "prefetches",
+    "bytes_moved",
+    "deadline_misses",
+    "clients",
+)
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """The primary policy and its shadows, or the split arms, side by side, from a running broker."""
+    stats = _stats_or_none("ab", args)
+    if stats is None:
+        return 2
+    arms = [{field: getattr(arm, field) for field in ARM_FIELDS} for arm in stats.arms]
+    if args.json:
+        print(json.dumps({"config_generation": stats.config_generation, "arms": arms}, indent=2))
+        return 0
+    print(f"config generation {stats.config_generation}")
+    print(
+        f"{'arm':<20} {'role':<8} {'clients':>7} {'accesses':>10} {'hit_rate':>9} {'dc_miss':>8} "
+        f"{'mean_us':>9} {'p99_us':>9} {'evict':>7} {'demote':>7} {'prefetch':>8}"
+    )
+    for a in arms:
+        dc = a["decode_critical_misses"] / a["decode_critical_accesses"] if a["decode_critical_accesses"] else 0.0
+        print(
+            f"{a['name']:<20} {a['role']:<8} {a['clients']:>7} {a['accesses']:>10} {a['hit_rate']:>9.4f} {dc:>8.4f} "
+            f"{a['mean_latency_us']:>9.1f} {a['p99_latency_us']:>9} {a['evictions']:>7} {a['demotions']:>7} {a['prefetches']:>8}"
+        )
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import os
+
+    from broker.config import CoreConfig
+    from broker.journal import JournalError, open_source
+    from broker.replay.replay import format_table, journal_config
+    from broker.replay.sweep import Job, Source, run_jobs, single_tier
+    from broker.replay.traces import TraceError
+    from policies import registry
+    from policies.base import PolicyError
+
+    if bool(args.journal) == bool(args.trace):
+        print("kvbroker replay: give either --journal URL or --trace PATH --format F", file=sys.stderr)
+        return 2
+    policies = _split_policies(args.policy) + _split_policies(args.policies) or registry.names()
+    try:
+        for name in policies:
+            registry.policy_class(name)
+    except PolicyError as exc:
+        print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
+        return 2
+    options = _trace_options(args)
+    live_policy = None
+    try:
+        if args.journal:
+            source = Source(journal=args.journal, stream=args.stream, options=options)
+            journal = open_source(args.journal, args.stream)
+            journal.check()
+            recorded = journal_config(journal)
+            live_policy = recorded.policy.name if recorded else None
+            if recorded is not None and recorded.policy.split:
+                from broker.model.arms import split_label
+
+                live_policy = split_label(recorded.policy.split)  # verified by following the journal
+            base = load_config(args.config).core if args.config else recorded
+            if base is None:
+                print("kvbroker replay: the journal holds no config record; pass --config", file=sys.stderr)
+                return 2
+        else:
+            if not args.format:
+                print("kvbroker replay: --trace needs --format (mooncake, ...)", file=sys.stderr)
+                return 2
+            source = Source(trace=args.trace, fmt=args.format, options=options)
+            if args.config:
+                base = load_config(args.config).core
+            elif args.format == "profile":
+                from broker.replay.traces.profiles import profile_config
+
+                try:
+                    base = parse_config(profile_config(args.trace)).core
+                except KeyError:
+                    base = CoreConfig()  # read_trace names the unknown profile
+            elif args.no_decode:
+                if not args.hbm:
+                    print("kvbroker replay: --no-decode without --config replays one cache tier: give its size with --hbm", file=sys.stderr)
+                    return 2
+                base = single_tier(0)
+            else:
+                base = CoreConfig()
+        jobs: list[Job] = []
+        for combo in _capacity_combos(args, args.bytes_per_token):
+            if combo and max(combo) >= len(base.tiers):
+                print(f"kvbroker replay: the config has {len(base.tiers)} tier(s); cannot size tier {max(combo) + 1}", file=sys.stderr)
+                return 2
+            tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
+            config = dataclasses.replace(base, tiers=tiers, quant=args.quant or base.quant)
+            if args.verify and live_policy is not None and live_policy.startswith("split("):
+                jobs.append(Job(source, live_policy, config, verify=True))
+            jobs.extend(Job(source, name, config, verify=args.verify and name == live_policy) for name in policies)
+            if args.ablate_intent:
+                bare = dataclasses.replace(source, ablate_intent=True)
+                jobs.extend(Job(bare, name, config) for name in policies)
+        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+        records = run_jobs(jobs, workers, progress=True if args.progress else None)
+    except (JournalError, TraceError, PolicyError) as exc:
+        print(f"kvbroker replay: {exc}", file=sys.stderr)
+        return 2
+    if args.csv:
+        _write_csv(records, args.csv)
+    if args.plot:
+        from broker.replay.plots import write_plots
+
+        for path in write_plots(records, args.plot, title=os.path.basename(args.trace or args.journal)):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif args.csv != "-":
+        print(format_table(records))
+    skipped = max((r["skipped_lines"] for r in records), default=0)
+    if skipped:
+        print(f"kvbroker replay: skipped {skipped} bad line(s) (--skip-bad)", file=sys.stderr)
+    failed = [r for r in records if r["mismatches"]]
+    if failed:
+        bad = failed[0]
+        print(f"kvbroker replay: {bad['policy']} did not reproduce the journaled directives: {bad.get('first_mismatch')}", file=sys.stderr)
+        return 1
+    if args.verify and not any(r["verified"] is not None for r in records):
+        print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from broker.journal import file_path
+    from broker.journal.records import MAGIC, JournalRecord, RecordKind, encode
+    from broker.replay.traces import SkipCounter, TraceError, read_trace
+
+    options = _trace_options(args)
+    skips = SkipCounter(args.skip_bad)
+    out = file_path(args.out)
+    batches = events = 0
+    try:
+        with open(out, "wb") as f:
+            f.write(MAGIC)
+            if args.config:
+                from broker.config import core_to_json
+
+                core = load_config(args.config).core
+                f.write(encode(JournalRecord(RecordKind.CONFIG, 1, 1, core_to_json(core).encode())))
+            for batch in read_trace(args.trace, args.format, options, skips):
+                f.write(encode(JournalRecord(RecordKind.BATCH, 1, 1, batch.SerializeToString())))
+                batches += 1
+                events += len(batch.events)
+    except TraceError as exc:
+        print(f"kvbroker import: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"journal": f"file://{out}", "batches": batches, "events": events, "skipped_lines": skips.skipped}))
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from policies import registry
+
+    rows = [registry.describe(registry.policy_class(name)) for name in registry.names()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "no parameters"
+        offline = " [replay only]" if r["offline"] else ""
+        print(f"{r['name']:<{width}}  {r['description']}{offline}  ({params})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from broker.cli.demo import main as demo_main
+
+    return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
+
+
+def _int_list(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag}: expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{flag}: expected positive integers, got {value!r}")
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from broker.bench.run import JOURNALS, BenchOptions
+    from broker.bench.run import main as bench_main
+
+    try:
+        batches = _int_list(args.batches, "--batches") if args.batches else None
+        streams = _int_list(args.streams, "--streams") if args.streams else None
+        memory_blocks = _int_list(args.memory_blocks, "--memory-blocks") if args.memory_blocks else None
+    except argparse.ArgumentTypeError as exc:
+        print(f"kvbroker bench: {exc}", file=sys.stderr)
+        return 2
+    for flag, value in (("--events", args.events), ("--seconds", args.seconds)):
+        if value is not None and value <= 0:
+            print(f"kvbroker bench: {flag}: must be > 0, got {value}", file=sys.stderr)
+            return 2
+    if args.window < 0:
+        print(f"kvbroker bench: --window: must be >= 0, got {args.window}", file=sys.stderr)
+        return 2
+    from policies import registry
+    from policies.base import PolicyError
+
+    try:
+        registry.policy_class(args.policy)
+    except PolicyError as exc:
+        print(f"kvbroker bench: --policy: {exc}", file=sys.stderr)
+        return 2
+    journals = tuple(j.strip() for j in args.journals.split(",") if j.strip()) if args.journals else None
+    if journals is not None and (not journals or set(journals) - set(JOURNALS)):
+        print(f"kvbroker bench: --journals: each one of {', '.join(JOURNALS)}, got {args.journals!r}", file=sys.stderr)
+        return 2
+    changes: dict[str, Any] = {"target": args.target, "policy": args.policy, "redis_url": args.redis, "window": args.window}
+    changes["seed"] = args.seed
+    changes["prefix_cache"] = args.prefix_cache
+    optional = {"events": args.events, "seconds": args.seconds, "batches": batches, "streams": streams, "journals": journals}
+    changes.update((key, value) for key, value in optional.items() if value is not None)
+    opts = BenchOptions.quick(**changes) if args.quick else dataclasses.replace(BenchOptions(), **changes)
+    if memory_blocks is None and args.memory:
+        memory_blocks = (100_000,) if args.quick else (100_000, 1_000_000)
+    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or ())
+
+
+def _trace_options(args: argparse.Namespace) -> Any:
+    from broker.replay.traces import TraceOptions
+
+    return TraceOptions(
+        decode=not args.no_decode,
+        bytes_per_token=args.bytes_per_token,
+        tpot_us=args.tpot_us,
+        skip_bad=args.skip_bad,
+        us_per_step=args.us_per_step,
+        block_tokens=args.block_tokens,
+        model=args.model,
+        seed=args.seed,
+        scale=args.scale,
+    )
+
+
+def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
+    from broker.replay.traces import TraceOptions
+
+    p.add_argument("--trace", required=required, help="trace file to import")
+    p.add_argument(
+        "--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests, vllm-events, profile (PATH = profile name)"
+    )
+    p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
+    p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
+    p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
+    p.add_argument("--skip-bad", action="store_true", help="count and skip bad lines instead of stopping at the first")
+    p.add_argument("--us-per-step", type=int, default=TraceOptions.us_per_step, help="kvds-events: event time of one seed step (µs)")
+    p.add_argument("--block-tokens", type=int, default=TraceOptions.block_tokens, help="kvds-requests: tokens per KV block")
+    p.add_argument("--model", default=TraceOptions.model, help="kvds-requests: model of requests that name none")
+    p.add_argument("--seed", type=int, default=TraceOptions.seed, help="profile: generator seed")
+    p.add_argument("--scale", type=float, default=TraceOptions.scale, help="profile: request/page count multiplier")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvbroker", description="gRPC memory-intent broker for the KV cache of LLM inference servers")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("serve", help="run the broker")
+    p.add_argument("--config", help="TOML config file (defaults: HBM/DRAM/NVMe tiers, lru, file journal)")
+    p.add_argument("--listen", help="HOST:PORT to listen on (overrides broker.listen; port 0 picks a free one)")
+    p.add_argument("--journal", help="redis://HOST:PORT/DB, file://PATH or none (overrides journal.url)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"], help="text, or one JSON object per line (overrides telemetry.log_format)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port; 0 = off (overrides telemetry.prometheus_port)")
+    p.add_argument("--metrics-host", help="address /metrics binds to (overrides telemetry.prometheus_host; default 127.0.0.1)")
+    p.add_argument("--otlp-endpoint", help="OTLP collector, e.g. http://otel-collector:4317 (overrides telemetry.otlp_endpoint)")
+    p.add_argument("--traces", action=argparse.BooleanOptionalAction, default=None, help="a span per batch over OTLP (telemetry.traces)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("status", help="show a running broker's policy, tiers and counters")
+    p.add_argument("--target", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--timeout", type=float, default=5.0)
+    _security_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("ab", help="the primary policy and its shadows (or the split arms) side by side, from a running broker")
+    p.add_argument("--target", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--json", action="store_true", help="one JSON object: config_generation and arms")
+    p.add_argument("--timeout", type=float, default=5.0)
+    _security_flags(p)
+    p.set_defaults(func=cmd_ab)
+
+    p = sub.add_parser("replay", help="replay a journal or a trace through policies and compare them")
+    p.add_argument("--journal", help="file://PATH or redis://HOST:PORT/DB[?stream=KEY]")
+    p.add_argument("--stream", help="Redis stream key (default: from the URL)")
+    _trace_flags(p)
+    p.add_argument("--policy", action="append", help="policy to run (repeat, or comma-separated; default: all)")
+    p.add_argument("--policies", action="append", help="comma-separated policies (same as --policy)")
+    p.add_argument("--config", help="config whose tiers to replay on (default: the journal's, or hbm/dram/nvme defaults)")
+    p.add_argument("--hbm", help="top tier capacities to sweep: 1GiB,4GiB or 1000000tok,3000000tok")
+    p.add_argument("--dram", help="second tier capacities to sweep")
+    p.add_argument("--nvme", help="third tier capacities to sweep")
+    p.add_argument("--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count)")
+    p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
+    p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
+    p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
+    p.add_argument("--progress", action="store_true", help="always draw the progress bar on stderr (default: when it is a terminal)")
+    p.add_argument("--json", action="store_true", help="a JSON array, one record per (policy, capacity)")
+    p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
+    p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("import", help="convert a trace into a journal file that replay reads")
+    _trace_flags(p, required=True)
+    p.add_argument("--out", required=True, help="file://PATH of the journal to write")
+    p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
+    p.set_defaults(func=cmd_import)
+
+    from broker.cli import size as cli_size
+
+    cli_size.add_parser(sub)
+
+    from clients import cli_bridge
+
+    cli_bridge.add_parser(sub)
+
+    p = sub.add_parser("policies", help="list the policies with their parameters")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_policies)
+
+    p = sub.add_parser("demo", help="broker + demo workload over real gRPC, then a replay comparison table")
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--keep", metavar="DIR", help="keep the journal in DIR instead of a temporary directory")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("bench", help="throughput, batch round trips, CPU and RSS of a real broker against an echo ceiling")
+    p.add_argument("--target", metavar="HOST:PORT", help="drive this running broker instead of starting one per configuration")
+    p.add_argument("--events", type=int, help="events per run, over all streams (default 400000; --quick 60000)")
+    p.add_argument("--seconds", type=float, help="longest sending time of one run (default 5; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="under a minute: batches 64,256, 4 streams, journals none,redis, 1 s runs")
+    p.add_argument("--json", action="store_true", help="one JSON record per line: per configuration, then per memory size")
+    p.add_argument("--batches", help="comma-separated batch sizes (default 1,64,256)")
+    p.add_argument("--streams", help="comma-separated stream counts, one load process each (default 1,4)")
+    p.add_argument("--journals", help="comma-separated: none, file, redis (default all three)")
+    p.add_argument("--policy", default="deadline_edf", help="policy of the brokers started (default deadline_edf)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis of the redis journal (a fresh stream, deleted after)")
+    p.add_argument("--window", type=int, default=0, help="batches in flight per stream (default 0: 2048/batch, within 4..64)")
+    p.add_argument("--seed", type=int, default=1, help="workload seed")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="finished requests release their blocks (kept cached, as vLLM's prefix cache does) instead of freeing them: "
+        "HBM fills and every new block displaces one (the eviction path and its directives are measured)",
+    )
+    p.add_argument("--memory", action="store_true", help="also measure RSS per tracked block (100k and 1M blocks; --quick 100k)")
+    p.add_argument("--memory-blocks", help="block counts of the memory benchmark, e.g. 100000,1000000 (implies --memory)")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    stale = native.stale_message()
+    if stale:
+        print(f"kvbroker: warning: {stale}", file=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except ConfigError as exc:
+        print(f"kvbroker {args.verb}: config: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

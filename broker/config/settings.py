@@ -1,0 +1,457 @@
+"""Broker configuration: a TOML file, validated in full before anything uses it.
+
+Every error names the key and the reason, so a refused reload says exactly what is wrong.
+Keys and defaults are a contract documented in README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from typing import Any
+
+from broker.config.errors import ConfigError, parse_size
+from broker.config.health import HealthConfig, health_config_from_dict
+from broker.config.limits import LimitsConfig, limits_config_from_dict
+from broker.config.security import SecurityConfig, security_config_from_dict
+from broker.config.telemetry import TelemetryConfig, telemetry_config_from_dict
+from policies.base import TierInfo
+
+# tiers[].channels at most: one list entry each in the cost model.
+MAX_CHANNELS = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TierConfig:
+    name: str
+    capacity_bytes: int
+    read_latency_us: float
+    bandwidth_gb_per_s: float
+    high_watermark: float = 0.95
+    low_watermark: float = 0.90
+    # Copies out of this tier that can run at once; more queue (the cost model's contention).
+    channels: int = 2
+
+    @property
+    def bandwidth_bytes_per_us(self) -> float:
+        return self.bandwidth_gb_per_s * 1000.0
+
+    def info(self, index: int) -> TierInfo:
+        return TierInfo(index, self.name, self.capacity_bytes, self.read_latency_us, self.bandwidth_bytes_per_us)
+
+
+DEFAULT_TIERS = (
+    TierConfig("hbm", 16 * 2**30, read_latency_us=0.0, bandwidth_gb_per_s=2000.0),
+    TierConfig("dram", 64 * 2**30, read_latency_us=2.0, bandwidth_gb_per_s=25.0),
+    TierConfig("nvme", 1024 * 2**30, read_latency_us=80.0, bandwidth_gb_per_s=6.0),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "lru"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Policies that see the same events on their own copy of residency and only report.
+    shadows: tuple[str, ...] = ()
+    # Live A/B split: (policy, share) arms; each client is driven by the arm its id hashes
+    # to (broker/model/arms.py), on that share of every tier. Empty: ``name`` drives everyone.
+    split: tuple[tuple[str, float], ...] = ()
+
+
+# journal.spool_max_bytes at least: the spool header and a few records.
+MIN_SPOOL_BYTES = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalConfig:
+    # file://PATH, redis://HOST:PORT/DB or "none".
+    url: str = "file://kvbroker.journal"
+    # Redis stream key; "{id}" is replaced by broker.id.
+    stream: str = "kvbroker:{id}:journal"
+    # Redis retention: approximate MAXLEN of the stream.
+    maxlen: int = 10_000_000
+    # Also journal the directives sent, so replay can verify itself.
+    directives: bool = True
+    # File journal: fsync after each written group of records.
+    fsync: bool = False
+    # Records written per pipeline / write call at most.
+    max_group: int = 512
+    # On start, rebuild residency and each client's last batch_seq from the journal.
+    recover: bool = True
+    # "journal": answer a batch only once its journal record is written (a crash then loses
+    # no answered batch); "memory": answer at once and journal behind (lower latency).
+    ack_after: str = "journal"
+    # Redis journal: while Redis is unreachable, records go to an append-only spool file in
+    # this directory (created when first needed) and drain to Redis, in order, once it is
+    # back. A spooled record counts as written (fsynced when journal.fsync). "" = no spool:
+    # records wait in memory and answers wait with them (ack_after = "journal").
+    spool_dir: str = "kvbroker.spool"
+    # Bound of the spool file on disk, in bytes.
+    spool_max_bytes: int = 1 << 30
+    # Spool full while Redis is unreachable: "refuse" new batches (UNAVAILABLE, not applied)
+    # or "drop" their journal records (counted in journal_dropped and logged).
+    spool_full: str = "refuse"
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreConfig:
+    """The part of the config the deterministic core depends on."""
+
+    tiers: tuple[TierConfig, ...] = DEFAULT_TIERS
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    # A block is prefetched when its deadline is within transfer time plus this margin.
+    prefetch_margin_us: int = 500
+    # Outstanding (unacknowledged) directives remembered for acks; the oldest are forgotten.
+    max_outstanding_directives: int = 1_000_000
+    # Cost model: time to recompute a dropped block whose intent gives no recompute cost.
+    recompute_us: int = 5_000
+    # KV quantization: scales block footprints and adds a dequantization time per transfer.
+    quant: str = "fp16"
+    # limits.max_blocks_per_tenant (0 = none): here because the core enforces it, so replay
+    # and recovery (which see the journaled CoreConfig) refuse the same allocations.
+    max_blocks_per_tenant: int = 0
+
+
+# bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
+QUANT: dict[str, tuple[float, int]] = {"fp16": (1.0, 0), "fp8": (0.5, 10), "int4": (0.25, 30), "int2": (0.125, 60)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: str = "kvbroker"
+    listen: str = "127.0.0.1:50051"
+    core: CoreConfig = dataclasses.field(default_factory=CoreConfig)
+    journal: JournalConfig = dataclasses.field(default_factory=JournalConfig)
+    telemetry: TelemetryConfig = dataclasses.field(default_factory=TelemetryConfig)
+    health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
+
+    def stream_key(self) -> str:
+        return self.journal.stream.replace("{id}", self.broker_id)
+
+
+def with_policy(config: CoreConfig, name: str, params: dict[str, Any] | None = None) -> CoreConfig:
+    """The config running ``name`` instead (with its configured parameters when it is the
+    configured policy). Replays of other policies and shadows follow config changes so."""
+    if params is None:
+        params = dict(config.policy.params) if name == config.policy.name else {}
+    return dataclasses.replace(config, policy=PolicyConfig(name, params))
+
+
+def core_to_json(core: CoreConfig) -> str:
+    """The core config as JSON, as journaled in CONFIG records."""
+    return json.dumps(dataclasses.asdict(core), sort_keys=True)
+
+
+def core_from_json(text: str) -> CoreConfig:
+    """Inverse of ``core_to_json``."""
+    try:
+        data = json.loads(text)
+        tiers = tuple(TierConfig(**t) for t in data.pop("tiers"))
+        raw_policy = data.pop("policy")
+        raw_policy["shadows"] = tuple(raw_policy.get("shadows", ()))
+        raw_policy["split"] = tuple((str(name), float(share)) for name, share in raw_policy.get("split", ()))
+        policy = PolicyConfig(**raw_policy)
+        return CoreConfig(tiers=tiers, policy=policy, **data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"journaled config is not readable: {exc}") from exc
+
+
+def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = table.pop(key, default)
+    if value is default:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}{key}: expected {name}, got {value!r}")
+    return value
+
+
+def _no_extra(table: dict[str, Any], where: str) -> None:
+    if table:
+        raise ConfigError(f"unknown key(s) {', '.join(where + k for k in sorted(table))}")
+
+
+def _table(root: dict[str, Any], key: str) -> dict[str, Any]:
+    value = root.pop(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a table, got {value!r}")
+    return dict(value)
+
+
+def _tier(raw: Any, i: int) -> TierConfig:
+    where = f"tiers[{i}]."
+    if not isinstance(raw, dict):
+        raise ConfigError(f"tiers[{i}]: expected a table")
+    t = dict(raw)
+    name = _take(t, "name", where, str, None)
+    if not name:
+        raise ConfigError(f"{where}name: required, a non-empty string")
+    if "capacity" not in t:
+        raise ConfigError(f"{where}capacity: required (bytes, or a size such as 16GiB)")
+    capacity = parse_size(t.pop("capacity"), where + "capacity")
+    latency = _take(t, "read_latency_us", where, float, 0.0)
+    bandwidth = _take(t, "bandwidth_gb_per_s", where, float, 25.0)
+    high = _take(t, "high_watermark", where, float, 0.95)
+    low = _take(t, "low_watermark", where, float, 0.90)
+    channels = _take(t, "channels", where, int, 2)
+    _no_extra(t, where)
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ConfigError(f"{where}channels: must be in 1..{MAX_CHANNELS}, got {channels}")
+    if not 0 <= latency < math.inf:  # NaN fails too
+        raise ConfigError(f"{where}read_latency_us: must be a finite number >= 0, got {latency}")
+    if not 0 < bandwidth < math.inf:
+        raise ConfigError(f"{where}bandwidth_gb_per_s: must be a finite number > 0, got {bandwidth}")
+    if not 0 < high <= 1:
+        raise ConfigError(f"{where}high_watermark: must be in (0, 1], got {high}")
+    if not 0 < low <= high:
+        raise ConfigError(f"{where}low_watermark: must be in (0, high_watermark={high}], got {low}")
+    return TierConfig(name, capacity, latency, bandwidth, high, low, channels)
+
+
+def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
+    """Validate a parsed TOML document and build the config; unknown keys are errors."""
+    root = dict(data)
+    broker = _table(root, "broker")
+    broker_id = _take(broker, "id", "broker.", str, "kvbroker")
+    listen = _take(broker, "listen", "broker.", str, "127.0.0.1:50051")
+    _no_extra(broker, "broker.")
+    if not broker_id:
+        raise ConfigError("broker.id: must be non-empty")
+
+    raw_tiers = root.pop("tiers", None)
+    tiers: tuple[TierConfig, ...]
+    if raw_tiers is None:
+        tiers = DEFAULT_TIERS
+    else:
+        if not isinstance(raw_tiers, list) or not raw_tiers:
+            raise ConfigError("tiers: expected a non-empty array of tables ([[tiers]])")
+        tiers = tuple(_tier(t, i) for i, t in enumerate(raw_tiers))
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tiers: names must be unique, got {names}")
+
+    pol = _table(root, "policy")
+    policy_name = _take(pol, "name", "policy.", str, "lru")
+    params = _take(pol, "params", "policy.", dict, {})
+    shadows = _take(pol, "shadows", "policy.", list, [])
+    split = _split(_take(pol, "split", "policy.", dict, {}))
+    _no_extra(pol, "policy.")
+    for i, shadow in enumerate(shadows):
+        if not isinstance(shadow, str) or not shadow:
+            raise ConfigError(f"policy.shadows[{i}]: expected a policy name, got {shadow!r}")
+    if split and shadows:
+        raise ConfigError("policy.split: cannot be combined with policy.shadows (run a split or shadows, not both)")
+
+    cost = _table(root, "cost")
+    recompute_us = _take(cost, "recompute_us", "cost.", int, 5_000)
+    quant = _take(cost, "quant", "cost.", str, "fp16")
+    _no_extra(cost, "cost.")
+    if recompute_us < 0:
+        raise ConfigError(f"cost.recompute_us: must be >= 0, got {recompute_us}")
+    if quant not in QUANT:
+        raise ConfigError(f"cost.quant: unknown {quant!r} (one of {', '.join(QUANT)})")
+
+    pre = _table(root, "prefetch")
+    margin = _take(pre, "margin_us", "prefetch.", int, 500)
+    _no_extra(pre, "prefetch.")
+    if margin < 0:
+        raise ConfigError(f"prefetch.margin_us: must be >= 0, got {margin}")
+
+    jr = _table(root, "journal")
+    journal = JournalConfig(
+        url=_take(jr, "url", "journal.", str, JournalConfig.url),
+        stream=_take(jr, "stream", "journal.", str, JournalConfig.stream),
+        maxlen=_take(jr, "maxlen", "journal.", int, JournalConfig.maxlen),
+        directives=_take(jr, "directives", "journal.", bool, JournalConfig.directives),
+        fsync=_take(jr, "fsync", "journal.", bool, JournalConfig.fsync),
+        max_group=_take(jr, "max_group", "journal.", int, JournalConfig.max_group),
+        recover=_take(jr, "recover", "journal.", bool, JournalConfig.recover),
+        ack_after=_take(jr, "ack_after", "journal.", str, JournalConfig.ack_after),
+        spool_dir=_take(jr, "spool_dir", "journal.", str, JournalConfig.spool_dir),
+        # A size like the tiers' capacities: bytes, or "512MiB".
+        spool_max_bytes=parse_size(jr.pop("spool_max_bytes"), "journal.spool_max_bytes")
+        if "spool_max_bytes" in jr
+        else JournalConfig.spool_max_bytes,
+        spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
+    )
+    if journal.ack_after not in ("journal", "memory"):
+        raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
+    _no_extra(jr, "journal.")
+    if journal.maxlen <= 0:
+        raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")
+    if journal.max_group <= 0:
+        raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
+    if journal.spool_max_bytes < MIN_SPOOL_BYTES:
+        raise ConfigError(f"journal.spool_max_bytes: must be >= {MIN_SPOOL_BYTES}, got {journal.spool_max_bytes}")
+    if journal.spool_full not in ("refuse", "drop"):
+        raise ConfigError(f'journal.spool_full: must be "refuse" or "drop", got {journal.spool_full!r}')
+    if "\0" in journal.spool_dir:
+        raise ConfigError("journal.spool_dir: must not contain NUL")
+    telemetry = telemetry_config_from_dict(_table(root, "telemetry"))
+    health = health_config_from_dict(_table(root, "health"))
+    security = security_config_from_dict(_table(root, "security"))
+    limits = limits_config_from_dict(_table(root, "limits"))
+    _no_extra(root, "")
+
+    core = CoreConfig(
+        tiers=tiers,
+        policy=PolicyConfig(policy_name, dict(params), tuple(shadows), split),
+        prefetch_margin_us=margin,
+        recompute_us=recompute_us,
+        quant=quant,
+        max_blocks_per_tenant=limits.max_blocks_per_tenant,
+    )
+    config = BrokerConfig(
+        broker_id=broker_id,
+        listen=listen,
+        core=core,
+        journal=journal,
+        telemetry=telemetry,
+        health=health,
+        security=security,
+        limits=limits,
+    )
+    validate_policy(core)
+    return config
+
+
+def _split(raw: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """``{arc = 0.5, lru = 0.5}``: shares in (0, 1] summing to 1, at least two arms."""
+    if not raw:
+        return ()
+    arms: list[tuple[str, float]] = []
+    for name, share in raw.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)):
+            raise ConfigError(f"policy.split.{name}: expected a share such as 0.5, got {share!r}")
+        if not 0 < share <= 1:
+            raise ConfigError(f"policy.split.{name}: must be in (0, 1], got {share!r}")
+        arms.append((name, float(share)))
+    if len(arms) < 2:
+        raise ConfigError(f"policy.split: needs at least two arms, got {len(arms)}")
+    total = sum(share for _, share in arms)
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError(f"policy.split: shares must sum to 1, got {total:g}")
+    return tuple(arms)
+
+
+def validate_policy(core: CoreConfig) -> None:
+    """Resolve the policy and its parameters now, so a bad one is refused before use."""
+    from policies.base import PolicyError
+    from policies.registry import make_params, policy_class
+
+    try:
+        cls = policy_class(core.policy.name)
+    except PolicyError as exc:
+        raise ConfigError(f"policy.name: {exc}") from exc
+    try:
+        make_params(cls, core.policy.params)
+    except PolicyError as exc:
+        raise ConfigError(f"policy.params: {exc}") from exc
+    for i, shadow in enumerate(core.policy.shadows):
+        try:
+            shadow_cls = policy_class(shadow)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.shadows[{i}]: {exc}") from exc
+        if shadow_cls.offline:
+            raise ConfigError(f"policy.shadows[{i}]: {shadow} needs the future of the stream; it runs in replay only")
+    for arm, _ in core.policy.split:
+        try:
+            arm_cls = policy_class(arm)
+        except PolicyError as exc:
+            raise ConfigError(f"policy.split.{arm}: {exc}") from exc
+        if arm_cls.offline:
+            raise ConfigError(f"policy.split.{arm}: {arm} needs the future of the stream; it runs in replay only")
+    if cls.offline:
+        raise ConfigError(f"policy.name: {cls.name} needs the future of the stream; it runs in replay only, not live")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def config_to_toml(config: BrokerConfig) -> str:
+    """The config as TOML that ``parse_config`` reads back to an equal config."""
+    core, journal = config.core, config.journal
+    lines = [
+        "[broker]",
+        f"id = {_toml_value(config.broker_id)}",
+        f"listen = {_toml_value(config.listen)}",
+        "",
+        "[policy]",
+        f"name = {_toml_value(core.policy.name)}",
+        f"params = {_toml_value(core.policy.params)}",
+        f"shadows = {_toml_value(list(core.policy.shadows))}",
+        f"split = {_toml_value(dict(core.policy.split))}",
+        "",
+        "[prefetch]",
+        f"margin_us = {core.prefetch_margin_us}",
+        "",
+        "[cost]",
+        f"recompute_us = {core.recompute_us}",
+        f"quant = {_toml_value(core.quant)}",
+        "",
+        "[journal]",
+    ]
+    for field in dataclasses.fields(JournalConfig):
+        lines.append(f"{field.name} = {_toml_value(getattr(journal, field.name))}")
+    for tier in core.tiers:
+        lines += ["", "[[tiers]]"]
+        for field in dataclasses.fields(TierConfig):
+            key = "capacity" if field.name == "capacity_bytes" else field.name
+            lines.append(f"{key} = {_toml_value(getattr(tier, field.name))}")
+    lines += ["", *config.telemetry.toml_lines(), "", *config.health.toml_lines()]
+    lines += ["", *config.security.toml_lines(), "", *config.limits.toml_lines()]
+    return "\n".join(lines) + "\n"
+
+
+def _check_ints(value: Any, key: str) -> None:
+    """TOML integers are 64-bit signed; tomllib reads larger ones, refused here by key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_ints(v, f"{key}.{k}" if key else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_ints(v, f"{key}[{i}]")
+    elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{key}: {value} is out of TOML's 64-bit integer range")
+
+
+def parse_config(text: str) -> BrokerConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"malformed TOML: {exc}") from exc
+    _check_ints(data, "")
+    return config_from_dict(data)
+
+
+def load_config(path: str | None) -> BrokerConfig:
+    """Load a config file, or the defaults when ``path`` is None."""
+    if path is None:
+        return BrokerConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config {path}: not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    return parse_config(text)

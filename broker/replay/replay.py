@@ -1,0 +1,329 @@
+"""Replay a journal through one or more policies, on the same core as the live broker.
+
+Each policy gets a fresh core built from the same config (tiers, margins) with only the
+policy changed, and sees exactly the batches the live broker applied, in the same order.
+For the policy the broker ran, ``verify`` compares every directive with the ones the
+broker journaled (when it journaled them): replay must reproduce the live run exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from broker.config import ConfigError, CoreConfig, core_from_json, with_policy
+from broker.journal import JournalSource
+from broker.journal.records import JournalRecord, RecordKind
+from broker.model.apply import apply_batch
+from broker.model.arms import Driving
+from broker.model.core import Directive
+from broker.model.stats import merged
+from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, read_batch
+from broker.service.broker_service import directive_to_pb
+from kvbroker.v1 import directive_pb2 as dpb
+from kvbroker.v1 import intent_pb2 as pb
+from policies.registry import policy_class
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    policy: str
+    batches: int
+    events: int
+    directives: int
+    seconds: float
+    metrics: dict[str, Any]
+    # None: not verified; else the number of directives that differed from the journal's.
+    mismatches: int | None = None
+    first_mismatch: str = ""
+
+    def as_record(self) -> dict[str, Any]:
+        """Flat JSON record with stable names (a contract for scripts and dashboards)."""
+        m = self.metrics
+        return {
+            "policy": self.policy,
+            "batches": self.batches,
+            "events": self.events,
+            "accesses": m["accesses"],
+            "hit_rate": m["hit_rate"],
+            "prefix_hit_rate": m["prefix_hit_rate"],
+            "prefix_hit_rate_any_tier": m["prefix_hit_rate_any_tier"],
+            "prompt_blocks": m["prompt_blocks"],
+            "prefix_hits": m["prefix_hits"],
+            "accesses_by_tier": m["accesses_by_tier"],
+            "dc_accesses": m["dc_accesses"],
+            "dc_misses": m["dc_misses"],
+            "dc_miss_rate": m["dc_miss_rate"],
+            "demotions": m["demotions"],
+            "evictions": m["evictions"],
+            "prefetches": m["prefetches"],
+            "recomputes": m["recomputes"],
+            "bytes_up": m["bytes_up"],
+            "bytes_down": m["bytes_down"],
+            "bytes_moved": m["bytes_moved"],
+            "directives": self.directives,
+            "rejected_events": m["rejected_events"],
+            "p50_us": m["p50_us"],
+            "p95_us": m["p95_us"],
+            "p99_us": m["p99_us"],
+            "mean_us": m["mean_us"],
+            "deadline_accesses": m["deadline_accesses"],
+            "deadline_misses": m["deadline_misses"],
+            "deadline_miss_rate": m["deadline_miss_rate"],
+            "latency_hist": {str(k): v for k, v in sorted(m["latency_hist"].items())},
+            "events_per_s": self.events / self.seconds if self.seconds > 0 else 0.0,
+            "verified": None if self.mismatches is None else self.mismatches == 0,
+            "mismatches": self.mismatches,
+        }
+
+
+def journal_config(source: JournalSource) -> CoreConfig | None:
+    """The first core config the journal recorded, if any."""
+    for record in source.configs():
+        return core_from_json(record.payload.decode())
+    return None
+
+
+BatchSource = Callable[[], Iterable[tuple[int, Any]]]
+"""A re-iterable stream of (config generation, batch) from a journal or an imported trace;
+a batch is an IntentBatch, its serialized bytes or a ``broker.model.wire`` reader of them. A
+journal's later config changes come in place as (generation, CoreConfig)."""
+
+
+def journal_batches(source: JournalSource) -> BatchSource:
+    """The journal's batches as the broker journaled them (bytes, read by ``broker.model.wire``:
+    no protobuf message is built), with its later config changes in place (CoreConfig items)."""
+
+    def items() -> Iterator[tuple[int, bytes | CoreConfig]]:
+        first = True
+        for r in source.ordered():
+            if r.kind == RecordKind.BATCH:
+                yield r.generation, r.payload
+            elif first:
+                first = False  # the starting config: the caller's base
+            else:
+                yield r.generation, core_from_json(r.payload.decode())
+
+    return items
+
+
+def future_uses(batches: BatchSource) -> dict[str, list[int]]:
+    """For every block id, the ordinals of the events that allocate or access it.
+
+    Ordinals count every event of every batch, as the core's clock.event_index does, so
+    offline policies can ask when a block is used next.
+    """
+    uses: dict[str, list[int]] = {}
+    ordinal = -1
+    for _, batch in batches():
+        if isinstance(batch, CoreConfig):
+            continue
+        for event in as_reader(batch).events():
+            ordinal += 1
+            kind = event[0]
+            if kind == ACCESSED:
+                for block_id in event[4]:  # without a block dict, the ids
+                    uses.setdefault(block_id, []).append(ordinal)
+            elif kind == ALLOCATED:
+                uses.setdefault(event[A_BLOCK_ID], []).append(ordinal)
+    return uses
+
+
+def as_reader(batch: BatchReader | pb.IntentBatch | bytes) -> BatchReader:
+    """A batch of a BatchSource, read (a reader is read once per policy run: each run
+    reads its events again from the one scan)."""
+    return read_batch(batch) if isinstance(batch, (bytes, pb.IntentBatch)) else batch
+
+
+def replay(
+    batches: BatchSource,
+    config: CoreConfig,
+    policy: str | None,
+    params: dict[str, Any] | None = None,
+    *,
+    expected: Iterable[JournalRecord] | None = None,
+    sink: list[Directive] | None = None,
+    progress: bool = False,
+    total_batches: int | None = None,
+    ablate_intent: bool = False,
+) -> ReplayResult:
+    """Run the batches through a fresh core with ``policy``.
+
+    With ``expected`` (the journal's DIRECTIVES records), every DirectiveBatch the replay
+    produces is compared, in order, with the journaled one. ``sink`` collects every
+    directive the replay decides. ``policy`` None follows the journal exactly: its own
+    policy and every config change as the live broker applied it (what verification needs).
+    """
+    core_config = config if policy is None else with_policy(config, policy, params)
+    live_params = params
+    offline = policy_class(core_config.policy.name).offline
+    # The journal's own policy goes through the same routing as the live broker (a split's
+    # clients to their arms); another policy drives every client, as a one-policy broker.
+    driving = Driving(core_config, 1, ablate_intent=ablate_intent, future_uses=future_uses(batches) if offline else None)
+    expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
+    mismatches = 0
+    first = ""
+    n_batches = n_events = n_directives = 0
+    started = time.perf_counter()
+    bar = ProgressBar(driving.policy_name, total_batches) if progress else None
+    for generation, batch in batches():
+        if isinstance(batch, CoreConfig):
+            driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
+            continue
+        batch = as_reader(batch)
+        core = driving.core_for(batch.client_id)
+        core.generation = generation
+        outcome = apply_batch(core, batch)
+        n_batches += 1
+        n_events += batch.count
+        n_directives += len(outcome.directives)
+        if sink is not None:
+            sink.extend(outcome.directives)
+        if bar is not None and n_batches % 16 == 0:
+            bar.show(n_batches, n_events)
+        if expect is not None and outcome.directives:
+            got = [directive_to_pb(d) for d in outcome.directives]
+            want_record = next(expect, None)
+            want = list(dpb.DirectiveBatch.FromString(want_record.payload).directives) if want_record else []
+            if got != want:
+                bad = sum(1 for g, w in zip(got, want, strict=False) if g != w) + abs(len(got) - len(want))
+                mismatches += bad
+                if not first:
+                    first = f"batch {batch.client_id}#{batch.batch_seq}: replay gave {len(got)} directives, journal has {len(want)}"
+    if expect is not None:
+        extra = sum(len(dpb.DirectiveBatch.FromString(r.payload).directives) for r in expect)
+        if extra:
+            mismatches += extra
+            first = first or f"journal holds {extra} directives the replay never produced"
+    seconds = time.perf_counter() - started
+    if bar is not None:
+        bar.done(n_batches, n_events)
+    tier_names = [t.name for t in driving.core.tiers]
+    cores = list(driving.cores().values())
+    return ReplayResult(
+        policy=driving.policy_name,
+        batches=n_batches,
+        events=n_events,
+        directives=n_directives,
+        seconds=seconds,
+        metrics=(cores[0].stats if len(cores) == 1 else merged([c.stats for c in cores])).as_dict(tier_names),
+        mismatches=mismatches if expect is not None else None,
+        first_mismatch=first,
+    )
+
+
+class ProgressBar:
+    """A progress line on stderr for long replays: a bar and percentage when the number of
+    batches is known (journals), else the count; events, events/s, elapsed and ETA. Redrawn
+    at most twice a second, so it costs nothing measurable."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, total_batches: int | None, stream: Any = None) -> None:
+        self.label = label
+        self.total = total_batches if total_batches else None
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.perf_counter()
+        self.next_draw = self.started + 0.5
+
+    def line(self, batches: int, events: int, now: float) -> str:
+        elapsed = max(now - self.started, 1e-9)
+        rate = events / elapsed
+        head = f"{self.label}: "
+        if self.total is not None:
+            frac = min(batches / self.total, 1.0)
+            filled = int(frac * self.WIDTH)
+            eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
+            head += f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:4.0%} "
+            tail = f" ETA {eta:,.0f}s"
+        else:
+            head += f"{batches:,} batches "
+            tail = ""
+        return f"{head}{events:,} events {rate:,.0f} events/s {elapsed:,.1f}s{tail}"
+
+    def show(self, batches: int, events: int) -> None:
+        now = time.perf_counter()
+        if now < self.next_draw:
+            return
+        self.next_draw = now + 0.5
+        print("\r" + self.line(batches, events, now), end="", file=self.stream, flush=True)
+
+    def done(self, batches: int, events: int) -> None:
+        if self.total is not None:
+            self.total = max(self.total, batches)  # the bar ends full even if the count was an estimate
+            batches = self.total
+        print("\r" + self.line(batches, events, time.perf_counter()) + " done", file=self.stream, flush=True)
+
+
+def replay_source(
+    source: JournalSource,
+    policies: list[str],
+    config: CoreConfig | None = None,
+    *,
+    verify: bool = False,
+) -> list[ReplayResult]:
+    """Replay a journal through each policy; verify the live policy's directives if asked."""
+    source.check()
+    recorded = journal_config(source)
+    cfg = config or recorded
+    if cfg is None:
+        raise ConfigError("the journal holds no config record; pass --config with the broker's config")
+    live_policy = recorded.policy.name if recorded is not None else None
+    results = []
+    for name in policies:
+        check = verify and name == live_policy
+        if check:
+            results.append(replay(journal_batches(source), cfg, None, expected=source.directives()))
+        else:
+            results.append(replay(journal_batches(source), cfg, name))
+    return results
+
+
+def format_table(records: list[dict[str, Any]]) -> str:
+    """A terminal table, one row per record (policy, and capacity when it varies)."""
+    caps = [r.get("capacity_bytes") for r in records]
+    show_caps = len({str(c) for c in caps}) > 1
+    headers = ["policy"]
+    if show_caps:
+        headers.append("capacity")
+    headers += ["events", "accesses", "hit_rate", "prefix_hit", "dc_miss", "dl_miss", "p50_us", "p99_us"]
+    headers += ["demotes", "drops", "prefetch", "MiB_moved", "verified"]
+    rows = []
+    for rec in records:
+        verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({rec['mismatches']})")
+        row = [rec["policy"] + (" -intent" if rec.get("intent") == "stripped" else "")]
+        if show_caps:
+            row.append(_capacity_label(rec))
+        row += [
+            str(rec["events"]),
+            str(rec["accesses"]),
+            f"{rec['hit_rate']:.4f}",
+            f"{rec['prefix_hit_rate']:.4f}" if rec["prompt_blocks"] else "-",
+            f"{rec['dc_miss_rate']:.4f}" if rec["dc_accesses"] else "-",
+            f"{rec['deadline_miss_rate']:.4f}" if rec["deadline_accesses"] else "-",
+            str(rec["p50_us"]),
+            str(rec["p99_us"]),
+            str(rec["demotions"]),
+            str(rec["evictions"]),
+            str(rec["prefetches"]),
+            f"{rec['bytes_moved'] / 2**20:.1f}",
+            verified,
+        ]
+        rows.append(row)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+    return "\n".join(lines)
+
+
+def _capacity_label(rec: dict[str, Any]) -> str:
+    tokens = rec.get("capacity_tokens")
+    first = next(iter(rec["capacity_bytes"]))
+    if tokens:
+        return f"{first}={tokens[first]:,}tok"
+    return f"{first}={rec['capacity_bytes'][first] / 2**30:.2f}GiB"

@@ -1,0 +1,158 @@
+"""Replay jobs: (source, policy, capacities) -> one record; run serially or in processes.
+
+A source is a journal (file or Redis) or a trace file with its importer. Each job builds
+its batches in its own process, so policies run in parallel without shipping events
+between processes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig
+from broker.journal import JournalSource
+from broker.replay.replay import BatchSource, journal_batches, replay
+from broker.replay.traces import SkipCounter, TraceOptions, read_trace
+
+
+def parse_capacity(text: str, bytes_per_token: int, flag: str) -> int:
+    """Bytes from "16GiB", "4096", or "1000000tok" (tokens x bytes per token)."""
+    m = SIZE_RE.match(text)
+    if not m or m.group(1).startswith("-"):
+        raise ConfigError(f"{flag}: expected a size such as 4GiB or 1000000tok, got {text!r}")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if unit in ("tok", "tokens"):
+        return int(number) * bytes_per_token
+    if unit not in SIZE_UNITS:
+        raise ConfigError(f"{flag}: unknown unit {m.group(2)!r} in {text!r} (bytes units, or tok)")
+    return int(number * SIZE_UNITS[unit])
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where the batches come from; picklable, so a worker process can open it itself."""
+
+    journal: str | None = None
+    stream: str | None = None
+    trace: str | None = None
+    fmt: str | None = None
+    options: TraceOptions = dataclasses.field(default_factory=TraceOptions)
+    # Replay with the engine's intent stripped (phase, priority, deadline): --ablate-intent.
+    ablate_intent: bool = False
+
+    def batches(self) -> tuple[BatchSource, SkipCounter]:
+        skips = SkipCounter(self.options.skip_bad)
+        if self.journal is not None:
+            return journal_batches(JournalSource(self.journal, self.stream)), skips
+        assert self.trace is not None and self.fmt is not None
+        trace, fmt, options = self.trace, self.fmt, self.options
+
+        def source() -> Any:
+            skips.skipped = 0
+            return ((1, batch) for batch in read_trace(trace, fmt, options, skips))
+
+        return source, skips
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    source: Source
+    policy: str
+    config: CoreConfig
+    verify: bool = False
+
+
+def with_capacities(config: CoreConfig, capacities: dict[str, int]) -> CoreConfig:
+    """The config with some tiers' capacities replaced (tier name -> bytes)."""
+    unknown = set(capacities) - {t.name for t in config.tiers}
+    if unknown:
+        raise ConfigError(f"no tier named {', '.join(sorted(unknown))} in the config (tiers: {', '.join(t.name for t in config.tiers)})")
+    tiers = tuple(dataclasses.replace(t, capacity_bytes=capacities.get(t.name, t.capacity_bytes)) for t in config.tiers)
+    return dataclasses.replace(config, tiers=tiers)
+
+
+def single_tier(capacity: int) -> CoreConfig:
+    """One cache tier that evicts exactly when full: the prefix-cache study setup."""
+    return CoreConfig(tiers=(TierConfig("hbm", capacity, 0.0, 2000.0, high_watermark=1.0, low_watermark=1.0),))
+
+
+def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
+    """Replay one job; the flat record of ``ReplayResult.as_record`` plus capacities."""
+    batches, skips = job.source.batches()
+    expected = None
+    if job.verify and job.source.journal is not None:
+        expected = JournalSource(job.source.journal, job.source.stream).directives()
+    # Verification follows the journal exactly (its policy and config changes as applied).
+    policy = None if expected is not None else job.policy
+    total = count_batches(job.source) if progress else None
+    result = replay(
+        batches, job.config, policy, expected=expected, progress=progress, total_batches=total, ablate_intent=job.source.ablate_intent
+    )
+    record = result.as_record()
+    record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
+    bpt = job.source.options.bytes_per_token
+    record["capacity_tokens"] = {t.name: t.capacity_bytes // bpt for t in job.config.tiers} if job.source.journal is None else None
+    record["skipped_lines"] = skips.skipped
+    record["intent"] = "stripped" if job.source.ablate_intent else "full"
+    record["seconds"] = result.seconds
+    if result.first_mismatch:
+        record["first_mismatch"] = result.first_mismatch
+    return record
+
+
+def count_batches(source: Source) -> int | None:
+    """How many records a journal holds (the progress bar's 100%), read cheaply: the file's
+    frames, or the Redis stream's length (its few config records included: an estimate).
+    None for a trace, whose length is known only by importing it."""
+    if source.journal is None:
+        return None
+    if source.journal.startswith(("redis://", "rediss://", "unix://")):
+        import redis
+
+        from broker.journal import split_redis_url
+
+        conn, key = split_redis_url(source.journal)
+        client = redis.Redis.from_url(conn, socket_timeout=10)
+        try:
+            return int(client.xlen(key or source.stream or ""))
+        finally:
+            client.close()
+    from broker.journal import file_path
+    from broker.journal.file import read_file_journal
+    from broker.journal.records import RecordKind
+
+    return sum(1 for r in read_file_journal(file_path(source.journal)) if r.kind == RecordKind.BATCH)
+
+
+def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
+    """Run jobs, in processes when ``workers`` > 1; records come back in job order.
+    ``progress``: draw a progress bar for each job run here (default: stderr is a terminal)."""
+    log = log or (lambda line: print(line, file=sys.stderr))
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if workers <= 1 or len(jobs) <= 1:
+        records = []
+        for i, job in enumerate(jobs, start=1):
+            started = time.perf_counter()
+            records.append(run_job(job, progress=progress))
+            log(f"[{i}/{len(jobs)}] {job.policy} {_caps(job)} done in {time.perf_counter() - started:.1f}s")
+        return records
+    out: list[dict[str, Any] | None] = [None] * len(jobs)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            i = futures[future]
+            out[i] = future.result()
+            log(f"[{done}/{len(jobs)}] {jobs[i].policy} {_caps(jobs[i])} done in {out[i]['seconds']:.1f}s")  # type: ignore[index]
+    return [r for r in out if r is not None]
+
+
+def _caps(job: Job) -> str:
+    suffix = " (intent stripped)" if job.source.ablate_intent else ""
+    return " ".join(f"{t.name}={t.capacity_bytes / 2**30:.2f}GiB" for t in job.config.tiers) + suffix

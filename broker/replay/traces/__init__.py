@@ -1,0 +1,40 @@
+"""Trace importers: each reads a file and yields IntentBatches, knowing nothing of caches.
+
+``kvbroker replay --trace PATH --format F`` runs them through the core; ``kvbroker import``
+writes them to a journal file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from broker.replay.traces import kvds, profiles, vllm
+from broker.replay.traces.base import SkipCounter, TraceError
+from broker.replay.traces.mooncake import MooncakeOptions, read_mooncake
+from broker.replay.traces.options import TraceOptions
+from kvbroker.v1 import intent_pb2 as pb
+
+__all__ = ["FORMATS", "SkipCounter", "TraceError", "TraceOptions", "read_trace"]
+
+
+def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
+    mopts = MooncakeOptions(decode=opts.decode, bytes_per_token=opts.bytes_per_token, tpot_us=opts.tpot_us, batch_events=opts.batch_events)
+    return read_mooncake(path, mopts, skips)
+
+
+FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.IntentBatch]]] = {
+    "mooncake": _mooncake,
+    "kvds-events": kvds.events_format,
+    "kvds-requests": kvds.requests_format,
+    # The trace "path" is a profile name (broker.replay.traces.profiles.PROFILES).
+    "profile": profiles.profile_format,
+    # A capture written by `kvbroker vllm-bridge --capture` (format in clients.vllm_events).
+    "vllm-events": vllm.capture_format,
+}
+
+
+def read_trace(path: str, fmt: str, opts: TraceOptions, skips: SkipCounter | None = None) -> Iterator[pb.IntentBatch]:
+    reader = FORMATS.get(fmt)
+    if reader is None:
+        raise TraceError(path, 0, "format", f"unknown trace format {fmt!r} (formats: journal, {', '.join(sorted(FORMATS))})")
+    return reader(path, opts, skips or SkipCounter(opts.skip_bad))

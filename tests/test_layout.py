@@ -1,0 +1,140 @@
+"""The house's rooms: no import cycle among the project's modules, and the client library
+free of the broker.
+
+Imports are read from the sources (every ``import`` and ``from ... import``, at any depth,
+those under ``if TYPE_CHECKING:`` included: a cycle that only the type checker sees is still
+two modules that cannot be understood apart).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("broker", "clients", "policies")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imported(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """The project modules ``name`` imports (a ``from pkg import mod`` counts as ``pkg.mod``)."""
+
+    def owner(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(m for m in map(owner, targets) if m is not None)
+    found.discard(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imported(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_walker_sees_a_cycle() -> None:
+    # The check itself: a graph with a loop through three modules is reported, one without is not.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_walker_reads_every_kind_of_import(tmp_path: pathlib.Path) -> None:
+    modules = {
+        "broker": tmp_path / "__init__.py",
+        "broker.x": tmp_path / "x.py",
+        "broker.y": tmp_path / "y.py",
+        "broker.z": tmp_path / "z.py",
+    }
+    source = tmp_path / "w.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from broker import x\n"
+        "if TYPE_CHECKING:\n    from broker.y import Thing\n"
+        "def f():\n    import broker.z\n"
+    )
+    assert imported("broker.w", source, modules) == {"broker.x", "broker.y", "broker.z"}
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    assert {"broker.model.core", "broker.service.server", "broker.replay.traces.kvds", "clients.broker_client", "policies.lru"} <= set(
+        graph
+    )
+    assert cycles(graph) == []
+
+
+def test_clients_do_not_import_the_broker() -> None:
+    # A sidecar or an engine imports clients/; it must not pull the broker (server, core,
+    # journal) in. What both need (model sizes) lives in clients/.
+    graph = import_graph()
+    offenders = sorted(
+        (name, dep) for name, deps in graph.items() if name.startswith("clients") for dep in deps if dep.startswith("broker")
+    )
+    assert offenders == []
