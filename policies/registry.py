@@ -35,6 +35,7 @@ BUILTIN: dict[str, str] = {
     "regret_aware": "policies.regret_aware:RegretAwarePolicy",
     "deadline_edf": "policies.deadline_edf:DeadlineEDFPolicy",
     "bayesian_reuse": "policies.bayesian_reuse:BayesianReusePolicy",
+    "adaptive": "policies.adaptive:AdaptivePolicy",
 }
 
 

@@ -1,0 +1,313 @@
+"""adaptive: prefix-chain classes, an ARC-sized probation and two regret-weighted experts
+(recency and LFU with dynamic aging) for the reused blocks; every knob is learned online."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from policies.base import Block, Policy, PolicyContext
+from policies.structures import SortedKeys
+
+TAIL, PROBATION, MAIN = 0, 1, 2
+RECENCY, FREQUENCY = 0, 1
+SEGMENT_NAMES = ("tail", "probation", "main")
+EXPERT_NAMES = ("recency", "frequency")
+
+# Recency key (stamp, -position, id) and frequency key (priority, stamp, -position, id).
+RecencyKey = tuple[int, int, str]
+FrequencyKey = tuple[int, int, int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveParams:
+    """``learning_rate``: how far one regret moves the experts' weights (a ghost hit on an
+    expert's victim multiplies its weight by exp(-learning_rate)). 0.45 is LeCaR's (Vietri
+    et al., HotStorage'18), taken from the paper, not fitted to any trace: the weights are
+    renormalised after every regret, so the rate sets how fast the choice can flip, not
+    where it settles."""
+
+    learning_rate: float = 0.45
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.learning_rate, (int, float)) or not 0.0 < self.learning_rate <= 10.0:
+            raise ValueError(f"learning_rate must be in (0, 10], got {self.learning_rate!r}")
+
+
+class AdaptivePolicy(Policy):
+    """Three classes by what the prefix structure says; the sizes and the order learned online.
+
+    Classes (a block's class follows the core's ``reuses`` and ``children``, kept for every
+    block the broker knows, evicted or not):
+      TAIL       never reused, released, and nothing hangs off it: a prompt's last block,
+                 which the next turn usually hashes differently. Least recent first.
+      PROBATION  never reused, with a child: a prompt's new blocks. Least recent first.
+      MAIN       brought back by a later prompt at least once. The core remembers reuses
+                 across evictions, so a block that comes back after leaving joins MAIN at
+                 once: this is the history ARC's second list approximates with ghosts.
+
+    Sizes (ARC, Megiddo and Modha FAST'03, in bytes): PROBATION gets a target ``p``.
+    Victims come from TAIL first, then from PROBATION while it holds more than ``p``, else
+    from MAIN (PROBATION once MAIN is empty). Ghosts remember victims: B1 those of
+    PROBATION, B2 those of MAIN (with the expert that chose them), each with the bytes
+    evicted from its list so far; |PROBATION| + |B1| <= c and |B1| + |B2| <= c (c the
+    tier's capacity). A block that comes back while in B1 grows ``p``, one in B2 shrinks
+    it, by ARC's step (its size times max(1, |other ghost| / |own ghost|)) scaled by how
+    marginal the evidence is: a ghost hit g bytes after the eviction counts min(1, L / g),
+    L the size of the list it left (``p`` for PROBATION, c - p for MAIN). A hit that a list
+    one block larger would have caught counts fully; one that needed the list to grow
+    tenfold counts a tenth. Plain ARC counts every ghost hit alike, which overgrows the
+    probation when many new blocks come back much later than any probation could hold
+    them; the scaling needs no constant and still lets ``p`` grow from 0 under any reuse
+    distance below c.
+
+    Order within MAIN, two experts (LeCaR, Vietri et al. HotStorage'18; Cacheus FAST'21):
+      RECENCY    least recently used first; blocks touched in the same run of one request
+                 count as touched together, the deeper (later) ones first, so a prefix
+                 never loses its head before its tail (a child is only ever read after its
+                 parent, so the parent is the better block to keep).
+      FREQUENCY  LFU with dynamic aging (LFUDA, Arlitt et al. 2000): priority = L + the
+                 block's reuses, L the priority of the last block this expert evicted;
+                 ties by recency as above.
+    Each has a weight (0.5 at start); victims come from the heavier one (recency on a
+    tie). A block that comes back while in B2 was evicted too early by the expert that
+    chose it: that expert's weight is multiplied by exp(-learning_rate), then both are
+    renormalised.
+
+    Every step is O(log n) (two SortedKeys for MAIN, OrderedDicts elsewhere) and
+    deterministic (no randomness; integer bytes; the weights are floats updated in a fixed
+    order). ``choose_victims`` changes nothing; ``evicted`` files the ghost, moves L.
+    """
+
+    name = "adaptive"
+    description = "prefix classes + ARC-sized probation + recency/LFUDA experts weighted by regret (the adaptive default)"
+    Params = AdaptiveParams
+
+    def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
+        super().__init__(ctx, params)
+        self._c = ctx.tier.capacity_bytes
+        self._decay = math.exp(-self.params.learning_rate)
+        self._tails: OrderedDict[str, Block] = OrderedDict()
+        self._probation: OrderedDict[str, Block] = OrderedDict()
+        self._probation_bytes = 0
+        self._main: dict[str, Block] = {}
+        self._main_bytes = 0
+        self._keys: dict[str, tuple[RecencyKey, FrequencyKey]] = {}
+        self._orders = (SortedKeys(), SortedKeys())
+        self._segment: dict[str, int] = {}
+        # Ghosts: id -> (size, bytes evicted from the list when it left[, expert]).
+        self._b1: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._b2: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        self._b1_bytes = 0
+        self._b2_bytes = 0
+        self._evicted_probation = 0
+        self._evicted_main = 0
+        self.p = 0
+        self.weights = [0.5, 0.5]
+        self.aging = 0  # LFUDA's L
+        # Touch stamps: one per run of touches by one request.
+        self._stamp = 0
+        self._position = 0
+        self._request = ""
+
+    # ---- queries -------------------------------------------------------------------------
+
+    def segment_of(self, block_id: str) -> str | None:
+        """ "tail", "probation", "main", "B1"/"B2" (a ghost) or None."""
+        segment = self._segment.get(block_id)
+        if segment is not None:
+            return SEGMENT_NAMES[segment]
+        if block_id in self._b1:
+            return "B1"
+        if block_id in self._b2:
+            return "B2"
+        return None
+
+    def expert(self) -> int:
+        """The expert MAIN's victims come from now (RECENCY on a tie)."""
+        return FREQUENCY if self.weights[FREQUENCY] > self.weights[RECENCY] else RECENCY
+
+    def score(self, block: Block) -> float:
+        return float(self._segment.get(block.block_id, -1))
+
+    def __len__(self) -> int:
+        return len(self._segment)
+
+    def __contains__(self, block_id: object) -> bool:
+        return block_id in self._segment
+
+    # ---- filing --------------------------------------------------------------------------
+
+    @staticmethod
+    def _class_of(block: Block) -> int:
+        if block.reuses > 0:
+            return MAIN
+        # A block its request still holds is not a tail yet: the request may be about to
+        # extend it (the prompt's next block links to it only after it is placed).
+        return TAIL if block.children == 0 and block.released else PROBATION
+
+    def _touch_stamp(self) -> tuple[int, int]:
+        return self._stamp, -self._position
+
+    def _advance(self, block: Block) -> None:
+        """A touch: a new stamp unless it continues the current request's run."""
+        if block.request_id and block.request_id == self._request:
+            self._position += 1
+        else:
+            self._stamp += 1
+            self._position = 0
+            self._request = block.request_id
+
+    def _file(self, block: Block, segment: int, stamp: tuple[int, int]) -> None:
+        bid = block.block_id
+        self._segment[bid] = segment
+        if segment == TAIL:
+            self._tails[bid] = block
+        elif segment == PROBATION:
+            self._probation[bid] = block
+            self._probation_bytes += block.size
+        else:
+            self._main[bid] = block
+            self._main_bytes += block.size
+            recency: RecencyKey = (stamp[0], stamp[1], bid)
+            frequency: FrequencyKey = (self.aging + block.reuses, stamp[0], stamp[1], bid)
+            self._keys[bid] = (recency, frequency)
+            self._orders[RECENCY].add(recency)
+            self._orders[FREQUENCY].add(frequency)
+
+    def _unfile(self, block: Block) -> int:
+        bid = block.block_id
+        segment = self._segment.pop(bid, None)
+        if segment is None:
+            raise self._unknown(block)
+        if segment == TAIL:
+            del self._tails[bid]
+        elif segment == PROBATION:
+            del self._probation[bid]
+            self._probation_bytes -= block.size
+        else:
+            del self._main[bid]
+            self._main_bytes -= block.size
+            recency, frequency = self._keys.pop(bid)
+            self._orders[RECENCY].remove(recency)
+            self._orders[FREQUENCY].remove(frequency)
+        return segment
+
+    # ---- events --------------------------------------------------------------------------
+
+    def insert(self, block: Block) -> None:
+        bid, size = block.block_id, block.size
+        ghost1 = self._b1.pop(bid, None)
+        if ghost1 is not None:
+            self._b1_bytes -= ghost1[0]
+            evidence = self._marginal(self._evicted_probation - ghost1[1] + size, self.p + size)
+            self.p = min(self._c, self.p + self._step(size, self._b2_bytes, self._b1_bytes + ghost1[0], evidence))
+        else:
+            ghost2 = self._b2.pop(bid, None)
+            if ghost2 is not None:
+                self._b2_bytes -= ghost2[0]
+                evidence = self._marginal(self._evicted_main - ghost2[1] + size, self._c - self.p + size)
+                self.p = max(0, self.p - self._step(size, self._b1_bytes, self._b2_bytes + ghost2[0], evidence))
+                self._regret(ghost2[2])
+        self._advance(block)
+        self._file(block, self._class_of(block), self._touch_stamp())
+
+    @staticmethod
+    def _marginal(ghost_age: int, list_bytes: int) -> tuple[int, int]:
+        """min(1, list_bytes / ghost_age) as a fraction (numerator, denominator)."""
+        return (list_bytes, ghost_age) if ghost_age > list_bytes else (1, 1)
+
+    @staticmethod
+    def _step(size: int, other_ghost: int, own_ghost: int, evidence: tuple[int, int]) -> int:
+        """ARC's step for a ghost hit, in bytes (integer arithmetic: replay is exact)."""
+        ratio = max(1, other_ghost // max(1, own_ghost))
+        return size * ratio * evidence[0] // evidence[1]
+
+    def _regret(self, expert: int) -> None:
+        weights = self.weights
+        weights[expert] *= self._decay
+        total = weights[RECENCY] + weights[FREQUENCY]
+        weights[RECENCY] /= total
+        weights[FREQUENCY] /= total
+
+    def access(self, block: Block) -> None:
+        self._unfile(block)
+        self._advance(block)
+        self._file(block, self._class_of(block), self._touch_stamp())
+
+    def update(self, block: Block) -> None:
+        segment = self._segment.get(block.block_id)
+        # Only a change of class moves a block (released with no child: a tail; a tail
+        # that gained a child); any other intent change keeps its place.
+        if segment is not None and segment != MAIN and self._class_of(block) != segment:
+            self._unfile(block)
+            self._file(block, self._class_of(block), self._touch_stamp())
+
+    def remove(self, block: Block) -> None:
+        self._unfile(block)
+
+    def evicted(self, block: Block) -> None:
+        bid, size = block.block_id, block.size
+        keys = self._keys.get(bid)
+        segment = self._unfile(block)
+        if segment == PROBATION:
+            self._evicted_probation += size
+            self._b1[bid] = (size, self._evicted_probation)
+            self._b1_bytes += size
+        elif segment == MAIN:
+            expert = self.expert()
+            if expert == FREQUENCY and keys is not None:
+                # LFUDA's aging: the next priorities start from the one just evicted.
+                self.aging = max(self.aging, keys[FREQUENCY][0])
+            self._evicted_main += size
+            self._b2[bid] = (size, self._evicted_main, expert)
+            self._b2_bytes += size
+        self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
+        while self._b1 and self._probation_bytes + self._b1_bytes > self._c:
+            self._b1_bytes -= self._b1.popitem(last=False)[1][0]
+        while self._b1_bytes + self._b2_bytes > self._c:
+            if self._b2:
+                self._b2_bytes -= self._b2.popitem(last=False)[1][0]
+            else:
+                self._b1_bytes -= self._b1.popitem(last=False)[1][0]
+
+    # ---- victims -------------------------------------------------------------------------
+
+    def _main_order(self) -> Iterator[Block]:
+        main = self._main
+        for key in self._orders[self.expert()]:
+            yield main[key[-1]]
+
+    def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+        victims: list[Block] = []
+        if bytes_needed <= 0:
+            return victims
+        got = 0
+        for block in self._tails.values():
+            if block.block_id not in protected:
+                victims.append(block)
+                got += block.size
+                if got >= bytes_needed:
+                    return victims
+        probation = (b for b in self._probation.values() if b.block_id not in protected)
+        main = (b for b in self._main_order() if b.block_id not in protected)
+        next_probation = next(probation, None)
+        next_main = next(main, None)
+        probation_bytes = self._probation_bytes
+        while got < bytes_needed:
+            if next_probation is not None and (probation_bytes > self.p or next_main is None):
+                victim, next_probation = next_probation, next(probation, None)
+                probation_bytes -= victim.size
+            elif next_main is not None:
+                victim, next_main = next_main, next(main, None)
+            else:
+                return None
+            victims.append(victim)
+            got += victim.size
+        return victims
