@@ -231,14 +231,17 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from broker.config import CoreConfig
     from broker.journal import JournalError, open_source
+    from broker.replay.fleet import expand_journals, with_fleet_totals
+    from broker.replay.grid import parse_params
+    from broker.replay.plan import PlannedSource, SweepSpec, plan_jobs
     from broker.replay.replay import format_table, journal_config
-    from broker.replay.sweep import Job, Source, run_jobs, single_tier
+    from broker.replay.sweep import Source, run_jobs, single_tier
     from broker.replay.traces import TraceError
     from policies import registry
     from policies.base import PolicyError
 
     if bool(args.journal) == bool(args.trace):
-        print("kvbroker replay: give either --journal URL or --trace PATH --format F", file=sys.stderr)
+        print("kvbroker replay: give either --journal URL (one or more) or --trace PATH --format F", file=sys.stderr)
         return 2
     policies = _split_policies(args.policy) + _split_policies(args.policies) or registry.names()
     try:
@@ -248,27 +251,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
         return 2
     options = _trace_options(args)
-    live_policy = None
     try:
+        grid = parse_params(args.param, policies)
+        planned: list[PlannedSource] = []
         if args.journal:
-            source = Source(journal=args.journal, stream=args.stream, options=options)
-            journal = open_source(args.journal, args.stream)
-            journal.check()
-            recorded = journal_config(journal)
-            live_policy = recorded.policy.name if recorded else None
-            if recorded is not None and recorded.policy.split:
-                from broker.model.arms import split_label
+            for url, stream in expand_journals(args.journal, args.stream):
+                journal = open_source(url, stream)
+                journal.check()
+                recorded = journal_config(journal)
+                live_policy = recorded.policy.name if recorded else None
+                if recorded is not None and recorded.policy.split:
+                    from broker.model.arms import split_label
 
-                live_policy = split_label(recorded.policy.split)  # verified by following the journal
-            base = load_config(args.config).core if args.config else recorded
-            if base is None:
-                print("kvbroker replay: the journal holds no config record; pass --config", file=sys.stderr)
-                return 2
+                    live_policy = split_label(recorded.policy.split)  # verified by following the journal
+                base = load_config(args.config).core if args.config else recorded
+                if base is None:
+                    print(f"kvbroker replay: the journal {journal.url} holds no config record; pass --config", file=sys.stderr)
+                    return 2
+                planned.append(PlannedSource(Source(journal=url, stream=stream, options=options), base, live_policy))
         else:
             if not args.format:
                 print("kvbroker replay: --trace needs --format (mooncake, ...)", file=sys.stderr)
                 return 2
-            source = Source(trace=args.trace, fmt=args.format, options=options)
             if args.config:
                 base = load_config(args.config).core
             elif args.format == "profile":
@@ -285,30 +289,45 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 base = single_tier(0)
             else:
                 base = CoreConfig()
-        jobs: list[Job] = []
-        for combo in _capacity_combos(args, args.bytes_per_token):
-            if combo and max(combo) >= len(base.tiers):
-                print(f"kvbroker replay: the config has {len(base.tiers)} tier(s); cannot size tier {max(combo) + 1}", file=sys.stderr)
+            planned.append(PlannedSource(Source(trace=args.trace, fmt=args.format, options=options), base))
+        spec = SweepSpec(
+            policies,
+            grid,
+            _capacity_combos(args, args.bytes_per_token),
+            quant=args.quant,
+            verify=args.verify,
+            ablate_intent=args.ablate_intent,
+        )
+        jobs = plan_jobs(planned, spec)
+        if args.ray is not None:
+            from broker.replay.ray_runner import RayMissing, SweepFailed, run_jobs_on_ray
+
+            try:
+                records = run_jobs_on_ray(jobs, args.ray or None, num_cpus=args.jobs or None)
+            except RayMissing as exc:
+                print(f"kvbroker replay: {exc}", file=sys.stderr)
                 return 2
-            tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
-            config = dataclasses.replace(base, tiers=tiers, quant=args.quant or base.quant)
-            if args.verify and live_policy is not None and live_policy.startswith("split("):
-                jobs.append(Job(source, live_policy, config, verify=True))
-            jobs.extend(Job(source, name, config, verify=args.verify and name == live_policy) for name in policies)
-            if args.ablate_intent:
-                bare = dataclasses.replace(source, ablate_intent=True)
-                jobs.extend(Job(bare, name, config) for name in policies)
-        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
-        records = run_jobs(jobs, workers, progress=True if args.progress else None)
+            except SweepFailed as exc:
+                print(f"kvbroker replay: {exc}", file=sys.stderr)
+                return 1
+            except KeyboardInterrupt:
+                print("kvbroker replay: interrupted; the Ray tasks not yet done were cancelled", file=sys.stderr)
+                return 130
+        else:
+            workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+            records = run_jobs(jobs, workers, progress=True if args.progress else None)
     except (JournalError, TraceError, PolicyError) as exc:
         print(f"kvbroker replay: {exc}", file=sys.stderr)
         return 2
+    if len(planned) > 1:
+        records = with_fleet_totals(records, [job.combo for job in jobs])
     if args.csv:
         _write_csv(records, args.csv)
     if args.plot:
         from broker.replay.plots import write_plots
 
-        for path in write_plots(records, args.plot, title=os.path.basename(args.trace or args.journal)):
+        title = os.path.basename(args.trace or args.journal[0]) if len(planned) == 1 else f"fleet of {len(planned)}"
+        for path in write_plots(records, args.plot, title=title):
             print(f"wrote {path}", file=sys.stderr)
     if args.json:
         print(json.dumps(records, indent=2))
@@ -320,7 +339,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     failed = [r for r in records if r["mismatches"]]
     if failed:
         bad = failed[0]
-        print(f"kvbroker replay: {bad['policy']} did not reproduce the journaled directives: {bad.get('first_mismatch')}", file=sys.stderr)
+        print(
+            f"kvbroker replay: {bad['policy']} did not reproduce the journaled directives of {bad['source']}: {bad.get('first_mismatch')}",
+            file=sys.stderr,
+        )
         return 1
     if args.verify and not any(r["verified"] is not None for r in records):
         print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
@@ -493,8 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ab)
 
     p = sub.add_parser("replay", help="replay a journal or a trace through policies and compare them")
-    p.add_argument("--journal", help="file://PATH or redis://HOST:PORT/DB[?stream=KEY]")
-    p.add_argument("--stream", help="Redis stream key (default: from the URL)")
+    p.add_argument(
+        "--journal",
+        action="append",
+        help="file://PATH, redis://HOST:PORT/DB[?stream=KEY] or redis+cluster://HOST:PORT[?stream=KEY]; repeat for a fleet, "
+        "or give a pattern (?stream=kvbroker:*:journal, file:///d/*.journal): one source per journal, and a fleet total row",
+    )
+    p.add_argument("--stream", help="Redis stream key or pattern (default: from the URL)")
     _trace_flags(p)
     p.add_argument("--policy", action="append", help="policy to run (repeat, or comma-separated; default: all)")
     p.add_argument("--policies", action="append", help="comma-separated policies (same as --policy)")
@@ -502,12 +529,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm", help="top tier capacities to sweep: 1GiB,4GiB or 1000000tok,3000000tok")
     p.add_argument("--dram", help="second tier capacities to sweep")
     p.add_argument("--nvme", help="third tier capacities to sweep")
-    p.add_argument("--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count)")
+    p.add_argument("--param", action="append", metavar="POLICY.KEY=V1,V2", help="sweep a policy parameter over values (repeat per key)")
+    p.add_argument(
+        "--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count); with --ray: CPUs of the local Ray"
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the jobs as Ray tasks on the cluster at ADDRESS (as ray.init takes it: auto, ray://HOST:10001); "
+        "without ADDRESS a local Ray started for the run (needs the extra: pip install 'kvbroker[ray]')",
+    )
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
     p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
     p.add_argument("--progress", action="store_true", help="always draw the progress bar on stderr (default: when it is a terminal)")
-    p.add_argument("--json", action="store_true", help="a JSON array, one record per (policy, capacity)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='a JSON array, one record per (source, policy, parameters, capacity); a fleet total row has source "fleet"',
+    )
     p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")
     p.set_defaults(func=cmd_replay)

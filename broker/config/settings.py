@@ -68,7 +68,8 @@ MIN_SPOOL_BYTES = 1024
 class JournalConfig:
     # file://PATH, redis://HOST:PORT/DB or "none".
     url: str = "file://kvbroker.journal"
-    # Redis stream key; "{id}" is replaced by broker.id.
+    # Redis stream key; "{id}" is replaced by broker.id. On a Redis Cluster
+    # (redis+cluster://) the default is CLUSTER_STREAM, and a key must carry a hash tag.
     stream: str = "kvbroker:{id}:journal"
     # Redis retention: approximate MAXLEN of the stream.
     maxlen: int = 10_000_000
@@ -93,6 +94,15 @@ class JournalConfig:
     # Spool full while Redis is unreachable: "refuse" new batches (UNAVAILABLE, not applied)
     # or "drop" their journal records (counted in journal_dropped and logged).
     spool_full: str = "refuse"
+    # Redis Cluster journal: a write counts (and its batches are answered) once this many
+    # replicas of the shard hold it (WAIT), so a master's failover loses none; 0 = do not wait.
+    wait_replicas: int = 1
+
+
+# The default stream key on a Redis Cluster: the broker id in braces is the key's hash tag,
+# so the stream and its directives stream (KEY:directives) share a slot (one MULTI/EXEC).
+CLUSTER_STREAM = "kvbroker:{{id}}:journal"
+_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +140,10 @@ class BrokerConfig:
     limits: LimitsConfig = dataclasses.field(default_factory=LimitsConfig)
 
     def stream_key(self) -> str:
-        return self.journal.stream.replace("{id}", self.broker_id)
+        stream = self.journal.stream
+        if stream == JournalConfig.stream and self.journal.url.startswith(_CLUSTER_SCHEMES):
+            stream = CLUSTER_STREAM
+        return stream.replace("{id}", self.broker_id)
 
 
 def with_policy(config: CoreConfig, name: str, params: dict[str, Any] | None = None) -> CoreConfig:
@@ -281,6 +294,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         if "spool_max_bytes" in jr
         else JournalConfig.spool_max_bytes,
         spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
+        wait_replicas=_take(jr, "wait_replicas", "journal.", int, JournalConfig.wait_replicas),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -289,6 +303,8 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.maxlen: must be > 0, got {journal.maxlen}")
     if journal.max_group <= 0:
         raise ConfigError(f"journal.max_group: must be > 0, got {journal.max_group}")
+    if journal.wait_replicas < 0:
+        raise ConfigError(f"journal.wait_replicas: must be >= 0, got {journal.wait_replicas}")
     if journal.spool_max_bytes < MIN_SPOOL_BYTES:
         raise ConfigError(f"journal.spool_max_bytes: must be >= {MIN_SPOOL_BYTES}, got {journal.spool_max_bytes}")
     if journal.spool_full not in ("refuse", "drop"):

@@ -1,7 +1,8 @@
 """Journals: where every accepted batch goes, in apply order.
 
 URLs: ``file://PATH`` (the embedded default, no server needed), ``redis://HOST:PORT/DB``
-(also ``rediss://`` and ``unix://``), or ``none``. For reading, a Redis URL may name the
+(also ``rediss://`` and ``unix://``), ``redis+cluster://HOST:PORT[,HOST:PORT...]`` (a Redis
+Cluster: broker.journal.cluster), or ``none``. For reading, a Redis URL may name the
 stream with ``?stream=KEY``.
 """
 
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from broker.journal.base import Journal, NullJournal
+from broker.journal.cluster import RedisClusterJournal
 from broker.journal.file import FileJournal, read_file_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.redis_stream import RedisJournal, directives_key, read_redis_records, redact, stream_exists
+from broker.journal.redis_urls import is_cluster_url, is_redis_url
 
 __all__ = [
     "Journal",
@@ -25,8 +28,6 @@ __all__ = [
     "open_journal",
     "open_source",
 ]
-
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def file_path(url: str) -> str:
@@ -53,13 +54,27 @@ def open_journal(
     spool_dir: str = "",
     spool_max_bytes: int = 1 << 30,
     spool_full: str = "refuse",
+    wait_replicas: int = 1,
 ) -> Journal:
     """The journal a broker writes to, not yet started. ``spool_*``: the local spool of a
-    Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none)."""
+    Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none).
+    ``wait_replicas``: a Redis Cluster journal's write counts once this many replicas hold it."""
     if url == "none":
         return NullJournal(max_group)
-    if url.startswith(_REDIS_SCHEMES):
+    if is_redis_url(url):
         conn, key = split_redis_url(url)
+        if is_cluster_url(url):
+            return RedisClusterJournal(
+                conn,
+                key or stream,
+                wait_replicas=wait_replicas,
+                maxlen=maxlen,
+                max_group=max_group,
+                spool_dir=spool_dir,
+                spool_max_bytes=spool_max_bytes,
+                spool_full=spool_full,
+                fsync=fsync,
+            )
         return RedisJournal(
             conn,
             key or stream,
@@ -72,7 +87,7 @@ def open_journal(
         )
     if url.startswith("file://"):
         return FileJournal(file_path(url), fsync=fsync, max_group=max_group)
-    raise JournalError(f"journal URL {redact(url)!r}: expected file://PATH, redis://HOST:PORT/DB or none")
+    raise JournalError(f"journal URL {redact(url)!r}: expected file://PATH, redis://HOST:PORT/DB, redis+cluster://HOST:PORT or none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +106,7 @@ class JournalSource:
 
     def check(self) -> None:
         """Fail early, with the reason, if the journal is not there."""
-        if self.url.startswith(_REDIS_SCHEMES):
+        if is_redis_url(self.url):
             conn, key = self._redis()
             if not stream_exists(conn, key):
                 raise JournalError(f"{redact(conn)}: stream {key!r} does not exist")
@@ -104,7 +119,7 @@ class JournalSource:
                 raise JournalError(f"cannot open journal {path}: {exc.strerror}") from exc
 
     def _records(self, kind: RecordKind) -> Iterator[JournalRecord]:
-        if self.url.startswith(_REDIS_SCHEMES):
+        if is_redis_url(self.url):
             conn, key = self._redis()
             stream = directives_key(key) if kind == RecordKind.DIRECTIVES else key
             for record in read_redis_records(conn, stream):
@@ -118,7 +133,7 @@ class JournalSource:
     def ordered(self) -> Iterator[JournalRecord]:
         """BATCH and CONFIG records in the order the broker wrote them (what replay and
         recovery follow: a config change applies between the batches around it)."""
-        if self.url.startswith(_REDIS_SCHEMES):
+        if is_redis_url(self.url):
             conn, key = self._redis()
             yield from read_redis_records(conn, key)
             return

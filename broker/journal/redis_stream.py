@@ -30,6 +30,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.journal.redis_urls import redact_url as redact
+from broker.journal.redis_urls import sync_client
 from broker.journal.spool import SpooledJournal, spool_file_name
 
 log = logging.getLogger("kvbroker.journal")
@@ -260,18 +262,10 @@ class RedisJournal(SpooledJournal):
             self._redis = None
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for logs and status."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
 def read_redis_records(url: str, key: str, *, chunk: int = 5000) -> Iterator[JournalRecord]:
     """The records of one journal stream (batches: the stream key; directives:
     ``directives_key(key)``), oldest first, read in chunks."""
-    client = redis.Redis.from_url(url, socket_timeout=10)
+    client = sync_client(url, socket_timeout=10)
     try:
         start: bytes = b"-"
         while True:
@@ -286,7 +280,7 @@ def read_redis_records(url: str, key: str, *, chunk: int = 5000) -> Iterator[Jou
 
 
 def stream_exists(url: str, key: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=10)
+    client = sync_client(url, socket_timeout=10)
     try:
         return bool(client.exists(key))
     finally:

@@ -283,10 +283,16 @@ def replay_source(
 
 
 def format_table(records: list[dict[str, Any]]) -> str:
-    """A terminal table, one row per record (policy, and capacity when it varies)."""
+    """A terminal table, one row per record (policy; source, parameters and capacity when
+    they vary)."""
     caps = [r.get("capacity_bytes") for r in records]
     show_caps = len({str(c) for c in caps}) > 1
-    headers = ["policy"]
+    show_source = len({r.get("source") for r in records}) > 1
+    swept = _varying_params(records)
+    headers = ["source"] if show_source else []
+    headers.append("policy")
+    if swept:
+        headers.append("params")
     if show_caps:
         headers.append("capacity")
     headers += ["events", "accesses", "hit_rate", "prefix_hit", "dc_miss", "dl_miss", "p50_us", "p99_us"]
@@ -294,7 +300,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for rec in records:
         verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({rec['mismatches']})")
-        row = [rec["policy"] + (" -intent" if rec.get("intent") == "stripped" else "")]
+        row = [_source_label(rec)] if show_source else []
+        row.append(rec["policy"] + (" -intent" if rec.get("intent") == "stripped" else ""))
+        if swept:
+            row.append(",".join(f"{k}={v}" for k, v in (rec.get("params") or {}).items() if k in swept.get(rec["policy"], ())) or "-")
         if show_caps:
             row.append(_capacity_label(rec))
         row += [
@@ -319,6 +328,26 @@ def format_table(records: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
     return "\n".join(lines)
+
+
+def _varying_params(records: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """policy -> the parameters whose value differs between its records (a --param sweep)."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for rec in records:
+        for key, value in (rec.get("params") or {}).items():
+            seen.setdefault(rec["policy"], {}).setdefault(key, set()).add(repr(value))
+    varying = {policy: {k for k, values in keys.items() if len(values) > 1} for policy, keys in seen.items()}
+    return {policy: keys for policy, keys in varying.items() if keys}
+
+
+def _source_label(rec: dict[str, Any]) -> str:
+    """A short name of a record's source: the stream key, the file's name, or the fleet."""
+    source = str(rec.get("source", ""))
+    if source == "fleet":
+        return f"fleet ({rec.get('sources', '?')})"
+    if "stream=" in source:
+        return source.rpartition("stream=")[2]
+    return source.rstrip("/").rpartition("/")[2] or source
 
 
 def _capacity_label(rec: dict[str, Any]) -> str:

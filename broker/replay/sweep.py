@@ -17,8 +17,12 @@ from typing import Any
 
 from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig
 from broker.journal import JournalSource
+from broker.journal.redis_stream import redact
+from broker.replay.preread import SourceData
 from broker.replay.replay import BatchSource, journal_batches, replay
 from broker.replay.traces import SkipCounter, TraceOptions, read_trace
+from policies.base import PolicyError
+from policies.registry import make_params, policy_class
 
 
 def parse_capacity(text: str, bytes_per_token: int, flag: str) -> int:
@@ -59,6 +63,15 @@ class Source:
 
         return source, skips
 
+    @property
+    def label(self) -> str:
+        """The source as records name it (``source``): the journal URL without its password
+        (with its stream when given apart), or the trace's path."""
+        if self.journal is not None:
+            url = redact(self.journal)
+            return f"{url}{'&' if '?' in url else '?'}stream={self.stream}" if self.stream else url
+        return str(self.trace)
+
 
 @dataclasses.dataclass(frozen=True)
 class Job:
@@ -66,6 +79,22 @@ class Job:
     policy: str
     config: CoreConfig
     verify: bool = False
+    # Policy parameters of this job (--param); None: the config's, for the configured policy.
+    params: dict[str, Any] | None = None
+    # The point of the sweep grid (capacities) this job is at: a fleet's total row adds up
+    # the jobs of every source at one point (broker.replay.fleet).
+    combo: int = 0
+
+    def effective_params(self) -> dict[str, Any] | None:
+        """Every parameter of the policy as it runs (defaults filled in); None for a label
+        that is no policy (a split journal's arms, followed as journaled)."""
+        values = self.params
+        if values is None:
+            values = dict(self.config.policy.params) if self.policy == self.config.policy.name else {}
+        try:
+            return dataclasses.asdict(make_params(policy_class(self.policy), values))
+        except PolicyError:
+            return None
 
 
 def with_capacities(config: CoreConfig, capacities: dict[str, int]) -> CoreConfig:
@@ -82,23 +111,33 @@ def single_tier(capacity: int) -> CoreConfig:
     return CoreConfig(tiers=(TierConfig("hbm", capacity, 0.0, 2000.0, high_watermark=1.0, low_watermark=1.0),))
 
 
-def run_job(job: Job, progress: bool = False) -> dict[str, Any]:
-    """Replay one job; the flat record of ``ReplayResult.as_record`` plus capacities."""
-    batches, skips = job.source.batches()
+def run_job(job: Job, progress: bool = False, data: SourceData | None = None) -> dict[str, Any]:
+    """Replay one job; the flat record of ``ReplayResult.as_record`` plus capacities.
+    ``data``: the source already read (broker.replay.preread), instead of reading it here."""
+    batches, skips = job.source.batches() if data is None else (data.batches(), SkipCounter())
     expected = None
     if job.verify and job.source.journal is not None:
-        expected = JournalSource(job.source.journal, job.source.stream).directives()
+        expected = JournalSource(job.source.journal, job.source.stream).directives() if data is None else data.directives()
     # Verification follows the journal exactly (its policy and config changes as applied).
     policy = None if expected is not None else job.policy
-    total = count_batches(job.source) if progress else None
+    total = (count_batches(job.source) if data is None else data.batch_count) if progress else None
     result = replay(
-        batches, job.config, policy, expected=expected, progress=progress, total_batches=total, ablate_intent=job.source.ablate_intent
+        batches,
+        job.config,
+        policy,
+        job.params,
+        expected=expected,
+        progress=progress,
+        total_batches=total,
+        ablate_intent=job.source.ablate_intent,
     )
     record = result.as_record()
+    record["source"] = job.source.label
+    record["params"] = job.effective_params()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token
     record["capacity_tokens"] = {t.name: t.capacity_bytes // bpt for t in job.config.tiers} if job.source.journal is None else None
-    record["skipped_lines"] = skips.skipped
+    record["skipped_lines"] = skips.skipped if data is None else data.skipped_lines
     record["intent"] = "stripped" if job.source.ablate_intent else "full"
     record["seconds"] = result.seconds
     if result.first_mismatch:
@@ -141,7 +180,7 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
         for i, job in enumerate(jobs, start=1):
             started = time.perf_counter()
             records.append(run_job(job, progress=progress))
-            log(f"[{i}/{len(jobs)}] {job.policy} {_caps(job)} done in {time.perf_counter() - started:.1f}s")
+            log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
         return records
     out: list[dict[str, Any] | None] = [None] * len(jobs)
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -149,8 +188,14 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
             i = futures[future]
             out[i] = future.result()
-            log(f"[{done}/{len(jobs)}] {jobs[i].policy} {_caps(jobs[i])} done in {out[i]['seconds']:.1f}s")  # type: ignore[index]
+            log(f"[{done}/{len(jobs)}] {job_label(jobs[i])} done in {out[i]['seconds']:.1f}s")  # type: ignore[index]
     return [r for r in out if r is not None]
+
+
+def job_label(job: Job) -> str:
+    """A job as a person names it: policy, parameters, capacities, source."""
+    params = "(" + ", ".join(f"{k}={v}" for k, v in job.params.items()) + ")" if job.params else ""
+    return f"{job.policy}{params} {_caps(job)} on {job.source.label}"
 
 
 def _caps(job: Job) -> str:

@@ -375,6 +375,7 @@ def journal_for(config: BrokerConfig) -> Journal:
         spool_dir=j.spool_dir,
         spool_max_bytes=j.spool_max_bytes,
         spool_full=j.spool_full,
+        wait_replicas=j.wait_replicas,
     )
 
 
