@@ -8,7 +8,9 @@ collector host names, the Prometheus scrape target, the non-root user, health ch
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import os
@@ -522,3 +524,108 @@ def test_k8s_collector_runs_deploy_otel_collector_yaml_behind_the_otlp_host_name
 def test_every_yaml_file_parses(path: Path) -> None:
     docs = load_yaml(path)
     assert docs and all(isinstance(doc, dict) for doc in docs)
+
+
+# ---- the replay RayJob (deploy/k8s/ray) ------------------------------------------------------------
+
+RAY = K8S / "ray"
+# The fields of KubeRay's ray.io/v1 RayJob spec, RayClusterSpec, HeadGroupSpec and
+# WorkerGroupSpec, as its API reference documents them: a field outside these is a typo the
+# operator would reject or silently ignore.
+RAYJOB_SPEC = {
+    "activeDeadlineSeconds", "backoffLimit", "clusterSelector", "deletionStrategy", "entrypoint", "entrypointNumCpus",
+    "entrypointNumGpus", "entrypointResources", "jobId", "managedBy", "metadata", "rayClusterSpec", "runtimeEnvYAML",
+    "shutdownAfterJobFinishes", "submissionMode", "submitterConfig", "submitterPodTemplate", "suspend", "ttlSecondsAfterFinished",
+}  # fmt: skip
+RAYCLUSTER_SPEC = {
+    "authOptions", "autoscalerOptions", "enableInTreeAutoscaling", "gcsFaultToleranceOptions", "headGroupSpec",
+    "headServiceAnnotations", "managedBy", "rayVersion", "suspend", "upgradeStrategy", "workerGroupSpecs",
+}  # fmt: skip
+HEAD_GROUP_SPEC = {"enableIngress", "headService", "rayStartParams", "serviceType", "template"}
+WORKER_GROUP_SPEC = {
+    "groupName", "idleTimeoutSeconds", "maxReplicas", "minReplicas", "numOfHosts", "rayStartParams", "replicas", "scaleStrategy",
+    "suspend", "template",
+}  # fmt: skip
+SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
+
+
+@cache
+def rayjob() -> dict[str, Any]:
+    (doc,) = load_yaml(RAY / "replay-sweep.yaml")
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_the_rayjob_uses_only_fields_of_kuberays_documented_spec() -> None:
+    job = rayjob()
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and job["metadata"]["name"]
+    spec = job["spec"]
+    assert {"entrypoint", "rayClusterSpec"} <= set(spec) <= RAYJOB_SPEC, set(spec) - RAYJOB_SPEC
+    assert spec.get("submissionMode", "K8sJobMode") in SUBMISSION_MODES
+    assert isinstance(spec.get("shutdownAfterJobFinishes", False), bool)
+    for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds"):
+        assert key not in spec or (isinstance(spec[key], int) and spec[key] > 0), key
+    cluster = spec["rayClusterSpec"]
+    assert {"headGroupSpec"} <= set(cluster) <= RAYCLUSTER_SPEC, set(cluster) - RAYCLUSTER_SPEC
+    head = cluster["headGroupSpec"]
+    assert {"rayStartParams", "template"} <= set(head) <= HEAD_GROUP_SPEC
+    groups = cluster.get("workerGroupSpecs", [])
+    assert groups, "the replays run on workers"
+    for group in groups:
+        assert {"groupName", "rayStartParams", "template"} <= set(group) <= WORKER_GROUP_SPEC, group.get("groupName")
+        assert group.get("minReplicas", 0) <= group.get("replicas", 0) <= group.get("maxReplicas", 2**31)
+    for group in (head, *groups):
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values()), "rayStartParams values are strings"
+        for c in group["template"]["spec"]["containers"]:
+            assert c["name"] and c["image"], c
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][kind]), f"{c['name']}: resources.{kind}"
+    # Ray in the image is the version the cluster says it runs, and no older than the [ray] extra.
+    version = tuple(int(p) for p in cluster["rayVersion"].split("."))
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ray"]
+    (floor,) = [r.split(">=")[1] for r in extra if r.startswith("ray")]
+    assert version >= tuple(int(p) for p in floor.split("."))
+
+
+def test_the_rayjob_entrypoint_is_a_valid_kvbroker_replay_over_the_fleets_journals() -> None:
+    from broker.cli.main import build_parser
+
+    argv = shlex.split(rayjob()["spec"]["entrypoint"])
+    assert argv[:2] == ["kvbroker", "replay"]
+    parser = build_parser()
+    # Exactly its flags (argparse would also take an abbreviation).
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = set(verbs.choices["replay"]._option_string_actions)
+    used = {a.split("=", 1)[0] for a in argv[2:] if a.startswith("--")}
+    assert used <= flags, f"not flags of kvbroker replay: {used - flags}"
+    args = parser.parse_args(argv[1:])  # exits (fails the test) on a bad value
+    assert args.ray == "auto", "--ray auto: join the Ray cluster the job runs in"
+    from broker.replay.grid import parse_params
+    from broker.replay.sweep import parse_capacity
+
+    policies = [p for v in args.policy for p in v.split(",")]
+    assert parse_params(args.param, policies), "the --param values are valid for their policies"
+    assert all(parse_capacity(v, 1, "--hbm") > 0 for v in args.hbm.split(","))
+    # The journals: the Redis Service of deploy/k8s, every stream the inference pods write.
+    (journal,) = args.journal
+    url = urllib.parse.urlsplit(journal)
+    service = k8s("Service", url.hostname or "")
+    assert [p["port"] for p in service["spec"]["ports"]] == [url.port]
+    pattern = dict(urllib.parse.parse_qsl(url.query))["stream"]
+    broker = container(k8s("Deployment", "inference"), "kvbroker")
+    pod_stream = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(broker["args"][broker["args"].index("--journal") + 1]).query))["stream"]
+    assert fnmatch.fnmatchcase(pod_stream.replace("$(POD_NAME)", "inference-7d9f-abcde"), pattern)
+
+
+def test_the_rayjob_image_is_the_broker_image_with_ray() -> None:
+    text = (RAY / "Dockerfile").read_text()
+    broker_image = container(k8s("Deployment", "inference"), "kvbroker")["image"]
+    assert f"ARG BASE={broker_image}" in text and "FROM ${BASE}" in text
+    assert "pip install 'ray[default]>=2.9'" in text
+    images = {
+        c["image"]
+        for g in (rayjob()["spec"]["rayClusterSpec"]["headGroupSpec"], *rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"])
+        for c in g["template"]["spec"]["containers"]
+    }
+    assert images == {f"kvbroker-ray:{broker_image.split(':')[1]}"}
+    assert f"-t kvbroker-ray:{broker_image.split(':')[1]}" in text
