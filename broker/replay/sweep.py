@@ -18,6 +18,7 @@ from typing import Any
 from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig
 from broker.journal import JournalSource
 from broker.journal.redis_stream import redact
+from broker.journal.redis_urls import is_redis_url, sync_client
 from broker.replay.preread import SourceData
 from broker.replay.replay import BatchSource, journal_batches, replay
 from broker.replay.traces import SkipCounter, TraceOptions, read_trace
@@ -151,13 +152,11 @@ def count_batches(source: Source) -> int | None:
     None for a trace, whose length is known only by importing it."""
     if source.journal is None:
         return None
-    if source.journal.startswith(("redis://", "rediss://", "unix://")):
-        import redis
-
+    if is_redis_url(source.journal):
         from broker.journal import split_redis_url
 
         conn, key = split_redis_url(source.journal)
-        client = redis.Redis.from_url(conn, socket_timeout=10)
+        client = sync_client(conn, socket_timeout=10)
         try:
             return int(client.xlen(key or source.stream or ""))
         finally:
