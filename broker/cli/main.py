@@ -10,6 +10,7 @@ from typing import Any
 
 from broker import native
 from broker.config import ConfigError, load_config, parse_config
+from broker.journal.records import JournalError
 
 
 def _split_policies(values: list[str] | None) -> list[str]:
@@ -613,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         return result
     except ConfigError as exc:
         print(f"kvbroker {args.verb}: config: {exc}", file=sys.stderr)
+        return 2
+    except JournalError as exc:  # e.g. serve: a cluster stream key without a hash tag
+        print(f"kvbroker {args.verb}: journal: {exc}", file=sys.stderr)
         return 2
 
 

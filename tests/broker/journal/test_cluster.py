@@ -225,3 +225,13 @@ async def test_a_cluster_without_enough_replicas_says_so_and_keeps_the_records(c
         assert "WAIT: 1 of 2 replica(s)" in journal.last_error and "journal.wait_replicas" in journal.last_error
     finally:
         await journal.close()
+
+
+def test_serve_refuses_an_untagged_cluster_stream_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        '[broker]\nid = "pod-7"\nlisten = "127.0.0.1:0"\n[journal]\nurl = "redis+cluster://127.0.0.1:1"\nstream = "kv:pod:journal"\n'
+    )
+    assert main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "kvbroker serve: journal: journal.stream 'kv:pod:journal': on a Redis Cluster" in err and "no hash tag" in err
