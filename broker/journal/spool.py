@@ -278,7 +278,7 @@ class SpooledJournal(Journal):
         self.spool = Spool(spool_dir, spool_name, spool_max_bytes, fsync=fsync) if spool_dir else None
         self.spool_full = spool_full
         self.spooled = 0  # records put in the spool
-        self.drained = 0  # records moved from the spool to the backend
+        self.drained = 0  # records that left the spool for the backend (written, or found there already)
         self.unreachable = False  # the last backend write failed
         self._epoch = os.urandom(16)
         self._seq = 0  # records of this epoch the backend holds
@@ -412,7 +412,11 @@ class SpooledJournal(Journal):
         if not self._synced:
             applied = await self._applied(spool.epoch)
             if applied is not None and applied - spool.base_seq > spool.drained:
-                await asyncio.to_thread(spool.skip, min(applied - spool.base_seq, spool.records) - spool.drained)
+                # Records whose write reached the backend though its reply was lost: in the
+                # backend already, so drained without being written again.
+                skipped = min(applied - spool.base_seq, spool.records) - spool.drained
+                await asyncio.to_thread(spool.skip, skipped)
+                self.drained += skipped
             self._synced = True
         group, pos = await asyncio.to_thread(spool.read, self.max_group)
         if group:
