@@ -17,7 +17,7 @@ import sys
 
 from clients import kvsize
 from clients.broker_client import BrokerError, WhenFull
-from clients.vllm_events import DEFAULT_TIER_MAP, format_tier_map, parse_tier_map
+from clients.vllm_translator import DEFAULT_TIER_MAP, format_tier_map, parse_tier_map
 
 
 def _positive(text: str) -> int:

@@ -131,6 +131,35 @@ def bytes_per_block(shape: ModelShape, block_tokens: int, dtype_bytes: float | N
     return math.ceil(exact_bytes_per_token(shape, dtype_bytes, context_tokens) * block_tokens)
 
 
+def cache_group_layers(shape: ModelShape) -> int:
+    """Layers whose KV one block of one of vLLM's KV-cache groups holds.
+
+    A model with one kind of attention layer has one group of all its layers. A hybrid model
+    (full-attention and sliding-window layers) gets several groups of the *same* number of
+    layers, so that every group's block has one page size (vllm/v1/core/kv_cache_planning.py):
+    the smaller of the two layer counts, or the larger when it is under 1.5 times the smaller
+    (the kind with fewer layers is then padded). Gemma-2-9B (21 sliding, 21 full): two groups
+    of 21 layers; a 10 full + 52 sliding model: groups of 10.
+    """
+    full, sliding = shape.full_layers, len(shape.sliding_layers)
+    if not full or not sliding:
+        return shape.layers
+    low, high = min(full, sliding), max(full, sliding)
+    return high if high < 1.5 * low else low
+
+
+def bytes_per_group_block(shape: ModelShape, block_tokens: int, dtype_bytes: float | None = None) -> int:
+    """KV bytes of one block of one KV-cache group (``cache_group_layers`` layers), rounded up once.
+
+    Equal to ``bytes_per_block`` for a model with one kind of layer; for a hybrid model a
+    group's block holds only its own layers, full-attention and sliding-window groups alike.
+    """
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    per_layer = exact_bytes_per_token(shape, dtype_bytes) / shape.layers
+    return math.ceil(per_layer * cache_group_layers(shape) * block_tokens)
+
+
 def blocks_for(tokens: int, block_tokens: int) -> int:
     """Blocks needed to hold ``tokens`` tokens (the last one may be partly filled)."""
     if block_tokens <= 0:

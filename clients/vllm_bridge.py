@@ -46,23 +46,19 @@ import zmq.asyncio
 from clients import kvsize
 from clients.broker_client import BrokerClient, BrokerError, BrokerQueueFull, WhenFull
 from clients.vllm_events import (
-    DEFAULT_TIER_MAP,
     END_OF_REPLAY,
     CaptureWriter,
     DecodeError,
-    EngineTranslator,
     EventBatch,
-    MappingOptions,
     SeqTracker,
     decode_batch,
-    format_tier_map,
     rank_namespace,
     replay_request,
-    resolve_model,
     split_live,
     split_replay,
     ts_to_us,
 )
+from clients.vllm_translator import DEFAULT_TIER_MAP, EngineTranslator, MappingOptions, format_tier_map, resolve_model
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 

@@ -1,18 +1,32 @@
-"""vLLM KV-cache events: the wire format, block ids, the mapping to broker events, captures.
+"""vLLM KV-cache events: the wire format, block ids, the seq tracker, captures.
 
 Shared by the live bridge (``clients.vllm_bridge``) and the capture importer
-(``broker.replay.traces.vllm``), so a capture replays into exactly the events the bridge sent.
-Nothing here does network I/O.
+(``broker.replay.traces.vllm``); the mapping to broker events is ``clients.vllm_translator``.
+Nothing here does network I/O. Checked against vLLM 0.33.0 (vllm/distributed/kv_events.py).
 
-**Wire format** (vllm/distributed/kv_events.py). A batch is three frames on the PUB socket,
-``[topic, seq, payload]``; ``seq`` is 8-byte big-endian, +1 per batch, back to 0 when the
-engine restarts. ``payload`` is msgpack of a KVEventBatch: ``[ts, events, dp_rank]`` (or a
-map with those keys). An event is either a positional array whose first element is its type
-(``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-lora_name, extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window]``,
-``["BlockRemoved", block_hashes, medium, group_idx]``, ``["AllBlocksCleared"]``; trailing
-defaults may be missing) or a map with ``"type"`` and the same field names. Unknown event
-types and unknown keys are skipped and counted, never fatal.
+**Frames.** A batch is three frames on the PUB socket, ``[topic, seq, payload]``; ``seq`` is
+8-byte big-endian, from 0 per publisher (so back to 0 when the engine restarts), +1 per
+batch. The replay ROUTER takes ``[b"", start_seq]`` from a DEALER and answers ``[b"", topic,
+seq, payload]`` for every buffered batch from ``start_seq`` on (10,000 batches by default),
+then ``[b"", b"", -1, b""]``.
+
+**Payload.** msgpack of a KVEventBatch, a positional array ``[ts, events,
+data_parallel_rank]`` (a map with those keys is accepted too). vLLM 0.33 writes each event as
+a map: ``"type"`` first, then the fields in declaration order, fields with a default left out
+when they hold it:
+
+- BlockStored: ``block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name`` (always present, nil allowed), then ``extra_keys, group_idx,
+  kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership, session_id,
+  lookahead_token_ids`` (when set). ``block_size`` 0 is an offloaded copy (CPU/STORAGE) that
+  names no size: vLLM's offloading connector announces a chunk by its last hash alone.
+- BlockRemoved: ``block_hashes, medium``, then ``group_idx, locality, ownership``.
+- AllBlocksCleared: no field.
+
+Older releases wrote events as positional arrays whose first element is the type
+(``["BlockStored", block_hashes, ...]`` in the order above, trailing defaults missing); both
+decode alike. Unknown event types and unknown keys are skipped and counted per name (a newer
+vLLM), never fatal; a malformed known event is skipped and counted.
 
 **Block ids.** A hash is bytes (e.g. a 32-byte SHA-256) or an int that may be negative or
 exceed 2^63. Its key is ``0x`` + lowercase hex for bytes, the decimal digits for an int (a
@@ -25,48 +39,31 @@ block per group under the same hash). Examples: ``0x9f86d0…``, ``1844674407370
 ``dp1/lora:sql/g1/-42``. The medium is not part of the id: a block is one broker block that
 lives in the highest tier holding a copy of it.
 
-**Mapping** (``EngineTranslator``, one per engine, i.e. per data-parallel rank):
-
-- BlockStored: each hash, in chain order, becomes ``allocated`` in the medium's tier, sized
-  by ``clients.kvsize`` for the model and the event's ``block_size``; the previous block of
-  the chain (``parent_block_hash`` for the first) is ``parent_block_id``. A copy stored in a
-  lower medium than one already holding the block sends nothing; a copy in a higher one
-  moves the block up (``freed`` then ``allocated``).
-- BlockRemoved: ``freed`` when no medium holds the block any more; when only a lower one
-  does, the block moves down there (``freed`` then ``allocated``). Removing a block the
-  bridge never saw stored (it joined late, or a loss could not be replayed) is skipped.
-- AllBlocksCleared, and an engine restart (its seq goes backwards): ``cleared`` (the broker
-  drops every block of that engine's client id).
-
-Media map to tiers by an ordered table, top tier first: ``GPU=hbm,CPU=dram`` by default; an
-event without a medium is the GPU prefix cache. A medium the table lacks maps to the ``*``
-entry if there is one, else the event is skipped and counted.
-
 **Capture file** (``kvbroker vllm-bridge --capture PATH``, read by ``kvbroker replay
 --format vllm-events``): msgpack objects written back to back, no other framing (msgpack is
 self-delimiting). The first is a header map ``{"format": "kvbroker-vllm-events", "version":
 1, "created": <unix s>, "model": str, "tier_map": [[medium, tier], ...], "client_id":
-prefix, "dp_size": n, "topic": str}``. Each later one is a record ``[rank, seq, ts,
-payload]``: the data-parallel rank, the engine's seq, the bridge's receive time (unix
-seconds, float) and the KVEventBatch payload exactly as received. Records are in the order
-the bridge applied them (replayed batches in their place, duplicates never), so per rank
-the seq rises by one, except across an engine restart (it goes back) or a loss the replay
-socket could not fill (it jumps). A torn last record (the bridge was killed mid-write) is
-detected and ignored.
+prefix, "dp_size": n, "topic": str, ...}`` (the bridge's mapping options: see
+``clients.vllm_bridge``). Each later one is a record ``[rank, seq, ts, payload]``: the
+data-parallel rank, the engine's seq, the bridge's receive time (unix seconds, float) and the
+KVEventBatch payload exactly as received. Records are in the order the bridge applied them
+(replayed batches in their place, duplicates never), so per rank the seq rises by one, except
+across an engine restart or a loss the replay socket could not fill (it jumps). A restart the
+bridge detected is written as a record ``[rank, -1, ts, b""]`` before the new engine's first
+batch (older captures have none: there the seq going back is the restart). A torn last
+record (the bridge was killed mid-write) is detected and ignored.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import msgpack
-
-from clients import kvsize
-from kvbroker.v1 import intent_pb2 as pb
 
 log = logging.getLogger("kvbroker.vllm_events")
 
@@ -79,11 +76,13 @@ MAX_BLOCK_SIZE = 2**32 - 1
 MAX_TS_S = 2**62 / 1e6
 SEQ_BYTES = 8
 END_OF_REPLAY = -1
+# The seq of a capture record that says "the engine restarted here" (payload b"").
+RESTART_RECORD_SEQ = -1
 CAPTURE_FORMAT = "kvbroker-vllm-events"
 CAPTURE_VERSION = 1
-DEFAULT_TIER_MAP: tuple[tuple[str, str], ...] = (("GPU", "hbm"), ("CPU", "dram"))
 
-# Positional fields of the array encoding, after the type name.
+# The fields of each event type in vLLM 0.33's declaration order (the positional encoding's
+# order, after the type name).
 STORED_FIELDS = (
     "block_hashes",
     "parent_block_hash",
@@ -96,8 +95,15 @@ STORED_FIELDS = (
     "group_idx",
     "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
 )
-REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
+CLEARED_FIELDS: tuple[str, ...] = ()
+BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
+_FIELDS = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS, "AllBlocksCleared": CLEARED_FIELDS}
 
 
 class DecodeError(ValueError):
@@ -111,12 +117,24 @@ class DecodeError(ValueError):
 class BlockStored:
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None = None
+    # Tokens per block; 0: an offloaded copy that names no size (see the module docstring).
     block_size: int = DEFAULT_BLOCK_SIZE
     token_count: int = 0
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
     group_idx: int | None = None
+    # The group's attention kind ("full_attention", "sliding_window", ...) and window.
+    kv_cache_spec_kind: str | None = None
+    sliding_window: int | None = None
+    # "LOCAL" or "REMOTE" relative to the engine; the secondary tier that made the copy.
+    locality: str | None = None
+    ownership: str | None = None
+    # The request context (session) that stored or reused the blocks.
+    session_id: str | None = None
+    # Per block of block_hashes: the tokens past it that its hash covers (lookahead hashing
+    # for speculative decoding); None when lookahead hashing is off.
+    lookahead_tokens: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +146,8 @@ class BlockRemoved:
     # through the translator's memory of what it stored (see EngineTranslator).
     lora_id: int | None = None
     lora_name: str | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +167,10 @@ class EventBatch:
     unknown: int = 0
     malformed: int = 0
     problems: tuple[str, ...] = ()
+    # Per name: keys this decoder does not know ("BlockStored.<key>", "batch.<key>"; a
+    # positional field past the known ones is "BlockStored[<index>]"), and event types.
+    unknown_keys: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    unknown_types: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 # ---- frames ----------------------------------------------------------------------------------
@@ -235,32 +259,46 @@ def _hashes(fields: Mapping[str, Any]) -> tuple[BlockHash, ...]:
     return tuple(_hash(h, f"block_hashes[{i}]") for i, h in enumerate(value))
 
 
-def _fields(raw: Any, names: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
-    """(type name, fields) of an event in either encoding."""
+def _lookahead(fields: Mapping[str, Any]) -> tuple[int, ...] | None:
+    value = fields.get("lookahead_token_ids")
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(tokens, (list, tuple)) for tokens in value):
+        raise DecodeError(f"lookahead_token_ids: expected a list of token lists or nil, got {str(value)[:60]}")
+    return tuple(len(tokens) for tokens in value)
+
+
+def _fields(raw: Any, kind: str, unknown_keys: collections.Counter[str]) -> dict[str, Any]:
+    """The fields of a known event in either encoding; keys past the known ones are counted."""
+    names = _FIELDS[kind]
     if isinstance(raw, (list, tuple)):
-        if not raw:
-            raise DecodeError("empty event array")
         # Extra trailing fields (a newer vLLM) are unknown and skipped.
-        return _text(raw[0]), dict(zip(names, raw[1:], strict=False))
-    if isinstance(raw, dict):
-        fields = {_text(k): v for k, v in raw.items()}
-        return _text(fields.get("type")), fields
-    raise DecodeError(f"an event must be an array or a map, got {type(raw).__name__}")
+        for index in range(len(names) + 1, len(raw)):
+            unknown_keys[f"{kind}[{index}]"] += 1
+        return dict(zip(names, raw[1:], strict=False))
+    fields = {_text(k): v for k, v in raw.items()}
+    for key in fields:
+        if key != "type" and key not in names:
+            unknown_keys[f"{kind}.{key}"] += 1
+    return fields
 
 
-def decode_event(raw: Any) -> KVEvent | None:
-    """One event; None for an unknown type. Raises DecodeError for a malformed known one."""
+def decode_event(raw: Any, unknown_keys: collections.Counter[str] | None = None) -> KVEvent | None:
+    """One event; None for an unknown type. Raises DecodeError for a malformed known one.
+    Keys it does not know are counted in ``unknown_keys`` per name."""
     if isinstance(raw, (list, tuple)) and raw:
         kind = _text(raw[0])
     elif isinstance(raw, dict):
         kind = _text(raw.get("type", raw.get(b"type")))
     else:
         raise DecodeError(f"an event must be an array or a map, got {type(raw).__name__}")
+    if not isinstance(kind, str) or kind not in _FIELDS:
+        return None
+    f = _fields(raw, kind, unknown_keys if unknown_keys is not None else collections.Counter())
     if kind == "BlockStored":
-        _, f = _fields(raw, STORED_FIELDS)
         block_size = _opt_int(f, "block_size")
-        if block_size is not None and not 0 < block_size <= MAX_BLOCK_SIZE:
-            raise DecodeError(f"block_size: must be in 1..{MAX_BLOCK_SIZE}, got {block_size}")
+        if block_size is not None and not 0 <= block_size <= MAX_BLOCK_SIZE:
+            raise DecodeError(f"block_size: must be in 0..{MAX_BLOCK_SIZE}, got {block_size}")
         parent = f.get("parent_block_hash")
         tokens = f.get("token_ids")
         return BlockStored(
@@ -272,13 +310,27 @@ def decode_event(raw: Any) -> KVEvent | None:
             medium=_opt_str(f, "medium"),
             lora_name=_opt_str(f, "lora_name"),
             group_idx=_opt_int(f, "group_idx"),
+            kv_cache_spec_kind=_opt_str(f, "kv_cache_spec_kind"),
+            sliding_window=_opt_int(f, "kv_cache_spec_sliding_window"),
+            locality=_opt_str(f, "locality"),
+            ownership=_opt_str(f, "ownership"),
+            session_id=_opt_str(f, "session_id"),
+            lookahead_tokens=_lookahead(f),
         )
     if kind == "BlockRemoved":
-        _, f = _fields(raw, REMOVED_FIELDS)
-        return BlockRemoved(block_hashes=_hashes(f), medium=_opt_str(f, "medium"), group_idx=_opt_int(f, "group_idx"))
-    if kind == "AllBlocksCleared":
-        return AllBlocksCleared()
-    return None
+        return BlockRemoved(
+            block_hashes=_hashes(f),
+            medium=_opt_str(f, "medium"),
+            group_idx=_opt_int(f, "group_idx"),
+            locality=_opt_str(f, "locality"),
+            ownership=_opt_str(f, "ownership"),
+        )
+    return AllBlocksCleared()
+
+
+def _event_type(raw: Any) -> str:
+    kind = _text(raw[0]) if isinstance(raw, (list, tuple)) and raw else _text(raw.get("type", raw.get(b"type")))
+    return kind if isinstance(kind, str) else repr(kind)[:40]
 
 
 def decode_batch(payload: bytes) -> EventBatch:
@@ -287,13 +339,19 @@ def decode_batch(payload: bytes) -> EventBatch:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False, unicode_errors="replace")
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise DecodeError(f"payload is not msgpack: {exc}") from exc
+    unknown_keys: collections.Counter[str] = collections.Counter()
     if isinstance(obj, (list, tuple)):
         if len(obj) < 2:
             raise DecodeError(f"a batch array needs [ts, events], got {len(obj)} elements")
         ts, events = obj[0], obj[1]
         rank = obj[2] if len(obj) > 2 else None
+        for index in range(len(BATCH_FIELDS), len(obj)):
+            unknown_keys[f"batch[{index}]"] += 1
     elif isinstance(obj, dict):
         ts, events, rank = obj.get("ts"), obj.get("events"), obj.get("data_parallel_rank")
+        for key in obj:
+            if key not in BATCH_FIELDS:
+                unknown_keys[f"batch.{_text(key)}"] += 1
     else:
         raise DecodeError(f"a batch must be an array or a map, got {type(obj).__name__}")
     if not isinstance(events, (list, tuple)):
@@ -303,20 +361,39 @@ def decode_batch(payload: bytes) -> EventBatch:
     if isinstance(rank, bool) or not isinstance(rank, int):
         rank = None
     out: list[KVEvent] = []
-    unknown = malformed = 0
+    unknown_types: collections.Counter[str] = collections.Counter()
+    malformed = 0
     problems: list[str] = []
     for i, raw in enumerate(events):
         try:
-            event = decode_event(raw)
+            event = decode_event(raw, unknown_keys)
         except DecodeError as exc:
             malformed += 1
             problems.append(f"events[{i}]: {exc}")
             continue
         if event is None:
-            unknown += 1
+            unknown_types[_event_type(raw)] += 1
         else:
             out.append(event)
-    return EventBatch(None if ts is None else float(ts), tuple(out), rank, unknown, malformed, tuple(problems))
+    return EventBatch(
+        None if ts is None else float(ts),
+        tuple(out),
+        rank,
+        sum(unknown_types.values()),
+        malformed,
+        tuple(problems),
+        dict(unknown_keys),
+        dict(unknown_types),
+    )
+
+
+def ts_to_us(ts: float | None, fallback_s: float) -> int:
+    """Event time in microseconds: the batch's ts (unix seconds) if it is one (finite, in
+    0..MAX_TS_S), else the fallback, else 0."""
+    seconds = ts if ts is not None and 0 <= ts <= MAX_TS_S else fallback_s
+    if not 0 <= seconds <= MAX_TS_S:  # NaN too
+        return 0
+    return int(seconds * 1_000_000)
 
 
 # ---- block ids -------------------------------------------------------------------------------
@@ -357,270 +434,6 @@ def block_id(
 def rank_namespace(rank: int, dp_size: int) -> str:
     """``dp<rank>/`` when several ranks share one broker, else nothing."""
     return f"dp{rank}/" if dp_size > 1 else ""
-
-
-# ---- tiers -----------------------------------------------------------------------------------
-
-
-def parse_tier_map(text: str) -> tuple[tuple[str, str], ...]:
-    """``GPU=hbm,CPU=dram`` (top tier first) -> ((GPU, hbm), (CPU, dram)); ``*`` matches any other medium."""
-    pairs: list[tuple[str, str]] = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        medium, sep, tier = item.partition("=")
-        medium, tier = medium.strip().upper(), tier.strip()
-        if not sep or not medium or not tier:
-            raise ValueError(f"tier map entry {item!r}: expected MEDIUM=TIER (e.g. GPU=hbm)")
-        if medium in (m for m, _ in pairs):
-            raise ValueError(f"tier map: medium {medium!r} given twice")
-        pairs.append((medium, tier))
-    if not pairs:
-        raise ValueError("tier map is empty: give at least GPU=<top tier>")
-    return tuple(pairs)
-
-
-def format_tier_map(pairs: Iterable[tuple[str, str]]) -> str:
-    return ",".join(f"{m}={t}" for m, t in pairs)
-
-
-# ---- mapping to broker events ----------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class MappingOptions:
-    """How one engine's events become broker events."""
-
-    model: str = "llama-3-8b"
-    # KV-cache scalar type (clients.kvsize.DTYPE_BYTES key).
-    dtype: str = "fp16"
-    # Bytes of one block, overriding the model's figure (all block sizes alike).
-    block_bytes: int | None = None
-    tier_map: tuple[tuple[str, str], ...] = DEFAULT_TIER_MAP
-    namespace: str = ""
-    tenant: str = ""
-
-    def __post_init__(self) -> None:
-        if self.dtype not in kvsize.DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {', '.join(kvsize.DTYPE_BYTES)}, got {self.dtype!r}")
-        if self.block_bytes is not None and self.block_bytes <= 0:
-            raise ValueError(f"block_bytes must be > 0, got {self.block_bytes}")
-        if not self.tier_map:
-            raise ValueError("tier_map is empty")
-
-
-def resolve_model(model: str) -> kvsize.ModelShape:
-    """A known model name or a config.json path (as ``kvbroker size`` takes it)."""
-    return kvsize.resolve_shape(model)
-
-
-@dataclasses.dataclass
-class TranslatorStats:
-    batches: int = 0
-    events: int = 0
-    stored_blocks: int = 0
-    removed_blocks: int = 0
-    clears: int = 0
-    restarts: int = 0
-    # Blocks that changed tier because a copy in another medium appeared or went.
-    moves: int = 0
-    # BlockStored of a block already held in that medium; BlockRemoved of one never stored there.
-    duplicate_stored: int = 0
-    unknown_removed: int = 0
-    unknown_medium: int = 0
-    unknown_events: int = 0
-    malformed_events: int = 0
-    bad_batches: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
-
-
-class _Held:
-    """What the translator knows of a block it told the broker about."""
-
-    __slots__ = ("mask", "parent", "size", "tokens")
-
-    def __init__(self, mask: int, size: int, parent: str, tokens: int) -> None:
-        self.mask = mask  # bit r: tier rank r (0 = top) holds a copy
-        self.size = size
-        self.parent = parent
-        self.tokens = tokens
-
-
-def _top(mask: int) -> int:
-    return (mask & -mask).bit_length() - 1
-
-
-class EngineTranslator:
-    """One engine's (one data-parallel rank's) vLLM events as broker events.
-
-    Keeps, per block it has told the broker about, which media hold a copy (a bit per tier),
-    its size and parent, so removals free exactly what was allocated and a block moves when
-    its best copy goes. Deterministic: the same batches give the same events.
-    """
-
-    def __init__(self, options: MappingOptions, shape: kvsize.ModelShape | None = None) -> None:
-        self.options = options
-        self.shape = shape if shape is not None or options.block_bytes is not None else resolve_model(options.model)
-        self.held: dict[str, _Held] = {}
-        self.stats = TranslatorStats()
-        tiers: list[str] = []
-        self._medium_rank: dict[str, int] = {}
-        for medium, tier in options.tier_map:
-            if tier not in tiers:
-                tiers.append(tier)
-            self._medium_rank[medium.upper()] = tiers.index(tier)
-        self.tiers = tuple(tiers)
-        self._gpu = options.tier_map[0][0].upper()
-        self._sizes: dict[int, int] = {}
-        # Adapter identity of stored hashes, so a BlockRemoved (which names no adapter)
-        # finds the block: key without adapter -> id with it.
-        self._adapter_ids: dict[str, str] = {}
-
-    # ---- sizes and tiers -----------------------------------------------------------------
-
-    def block_bytes(self, block_size: int) -> int:
-        if self.options.block_bytes is not None:
-            return self.options.block_bytes
-        size = self._sizes.get(block_size)
-        if size is None:
-            assert self.shape is not None
-            size = kvsize.bytes_per_block(self.shape, block_size, kvsize.DTYPE_BYTES[self.options.dtype])
-            self._sizes[block_size] = size
-        return size
-
-    def medium_rank(self, medium: str | None) -> int | None:
-        key = self._gpu if medium is None else medium.upper()
-        rank = self._medium_rank.get(key)
-        if rank is None:
-            rank = self._medium_rank.get("*")
-        return rank
-
-    def tier_of(self, block_id_: str) -> str | None:
-        """The tier the engine really holds a block in (its best copy), or None."""
-        held = self.held.get(block_id_)
-        return None if held is None else self.tiers[_top(held.mask)]
-
-    # ---- events --------------------------------------------------------------------------
-
-    def _id(self, value: BlockHash, lora_name: str | None, lora_id: int | None, group_idx: int | None) -> str:
-        return block_id(value, namespace=self.options.namespace, lora_name=lora_name, lora_id=lora_id, group_idx=group_idx)
-
-    def _allocated(self, ts_us: int, bid: str, held: _Held, rank: int) -> pb.Event:
-        intent = pb.MemoryIntent(
-            block_id=bid,
-            size_bytes=held.size,
-            parent_block_id=held.parent,
-            token_count=held.tokens,
-            tenant=self.options.tenant,
-            # A prefix-cache block can always be recomputed from its tokens.
-            recompute_ok=True,
-        )
-        return pb.Event(ts_us=ts_us, allocated=pb.BlockAllocated(intent=intent, tier=self.tiers[rank]))
-
-    @staticmethod
-    def _freed(ts_us: int, bid: str) -> pb.Event:
-        return pb.Event(ts_us=ts_us, freed=pb.BlocksFreed(block_ids=[bid]))
-
-    def clear(self, ts_us: int) -> list[pb.Event]:
-        """The engine dropped everything (AllBlocksCleared or a restart)."""
-        self.held.clear()
-        self._adapter_ids.clear()
-        self.stats.clears += 1
-        return [pb.Event(ts_us=ts_us, cleared=pb.AllBlocksCleared())]
-
-    def restart(self, ts_us: int) -> list[pb.Event]:
-        self.stats.restarts += 1
-        return self.clear(ts_us)
-
-    def translate(self, batch: EventBatch, ts_us: int) -> list[pb.Event]:
-        """The broker events of one batch, in order."""
-        stats = self.stats
-        stats.batches += 1
-        stats.unknown_events += batch.unknown
-        stats.malformed_events += batch.malformed
-        out: list[pb.Event] = []
-        for event in batch.events:
-            stats.events += 1
-            if isinstance(event, BlockStored):
-                self._stored(event, ts_us, out)
-            elif isinstance(event, BlockRemoved):
-                self._removed(event, ts_us, out)
-            else:
-                out.extend(self.clear(ts_us))
-        return out
-
-    def _stored(self, event: BlockStored, ts_us: int, out: list[pb.Event]) -> None:
-        rank = self.medium_rank(event.medium)
-        if rank is None:
-            self.stats.unknown_medium += 1
-            return
-        bit = 1 << rank
-        size = self.block_bytes(event.block_size)
-        adapter = bool(event.lora_name) or event.lora_id is not None
-        parent = (
-            "" if event.parent_block_hash is None else self._id(event.parent_block_hash, event.lora_name, event.lora_id, event.group_idx)
-        )
-        for value in event.block_hashes:
-            bid = self._id(value, event.lora_name, event.lora_id, event.group_idx)
-            self.stats.stored_blocks += 1
-            if adapter:
-                self._adapter_ids[self._id(value, None, None, event.group_idx)] = bid
-            held = self.held.get(bid)
-            if held is None:
-                held = _Held(bit, size, parent, event.block_size)
-                self.held[bid] = held
-                out.append(self._allocated(ts_us, bid, held, rank))
-            elif held.mask & bit:
-                self.stats.duplicate_stored += 1
-            else:
-                before = _top(held.mask)
-                held.mask |= bit
-                if rank < before:  # a copy in a higher tier: the block moves up
-                    self.stats.moves += 1
-                    out.append(self._freed(ts_us, bid))
-                    out.append(self._allocated(ts_us, bid, held, rank))
-            parent = bid
-
-    def _removed(self, event: BlockRemoved, ts_us: int, out: list[pb.Event]) -> None:
-        rank = self.medium_rank(event.medium)
-        if rank is None:
-            self.stats.unknown_medium += 1
-            return
-        bit = 1 << rank
-        for value in event.block_hashes:
-            bid = self._id(value, event.lora_name, event.lora_id, event.group_idx)
-            held = self.held.get(bid)
-            if held is None:
-                # BlockRemoved names no adapter: an adapter block is found by its plain key.
-                bid = self._adapter_ids.get(bid, bid)
-                held = self.held.get(bid)
-            self.stats.removed_blocks += 1
-            if held is None or not held.mask & bit:
-                self.stats.unknown_removed += 1
-                continue
-            before = _top(held.mask)
-            held.mask &= ~bit
-            if not held.mask:
-                del self.held[bid]
-                out.append(self._freed(ts_us, bid))
-            elif rank == before:  # the best copy went: the block moves down
-                self.stats.moves += 1
-                out.append(self._freed(ts_us, bid))
-                out.append(self._allocated(ts_us, bid, held, _top(held.mask)))
-        if len(self._adapter_ids) > 2 * len(self.held) + 1024:
-            self._adapter_ids = {k: v for k, v in self._adapter_ids.items() if v in self.held}
-
-
-def ts_to_us(ts: float | None, fallback_s: float) -> int:
-    """Event time in microseconds: the batch's ts (unix seconds) if it is one (finite, in
-    0..MAX_TS_S), else the fallback, else 0."""
-    seconds = ts if ts is not None and 0 <= ts <= MAX_TS_S else fallback_s
-    if not 0 <= seconds <= MAX_TS_S:  # NaN too
-        return 0
-    return int(seconds * 1_000_000)
 
 
 # ---- sequence numbers ------------------------------------------------------------------------
@@ -693,6 +506,10 @@ class CaptureWriter:
         if now - self._flushed_at >= self._flush_s:
             self._file.flush()
             self._flushed_at = now
+
+    def restarted(self, rank: int, ts: float) -> None:
+        """The bridge found that rank's engine restarted: its next records are the new engine's."""
+        self.write(rank, RESTART_RECORD_SEQ, ts, b"")
 
     def close(self) -> None:
         if not self._file.closed:

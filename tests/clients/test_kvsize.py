@@ -81,6 +81,34 @@ def test_mistral_v01_slides_on_every_layer() -> None:
     assert bytes_per_token(get_model("mistral-7b"), context_tokens=32768) == 131_072
 
 
+def test_a_cache_group_of_a_hybrid_model_holds_its_share_of_the_layers() -> None:
+    # vLLM gives every group of a hybrid model the same number of layers (one page size).
+    gemma2 = get_model("gemma-2-9b")  # 21 sliding, 21 full: two groups of 21
+    assert kvsize.cache_group_layers(gemma2) == 21
+    assert kvsize.bytes_per_group_block(gemma2, 16) * 2 == bytes_per_block(gemma2, 16)
+    # 5 sliding : 1 full (Gemma-3-like, 62 layers): groups of the 10 full layers.
+    gemma3 = shape_from_config_json(
+        {
+            "num_hidden_layers": 62,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+        }
+    )
+    assert (gemma3.full_layers, kvsize.cache_group_layers(gemma3)) == (10, 10)
+    # 12 sliding + 13 full (under 1.5x): one size of 13, the sliding kind padded.
+    near = ModelShape("near", 25, 8, 64, "gqa", sliding_window=128, sliding_layers=tuple(range(0, 24, 2)))
+    assert (len(near.sliding_layers), kvsize.cache_group_layers(near)) == (12, 13)
+    assert kvsize.bytes_per_group_block(near, 16) == 13 * 8 * 64 * 2 * 2 * 16
+    # One kind of layer: one group of all of them, as bytes_per_block.
+    for name in ("llama-3-8b", "mistral-7b-v0.1", "deepseek-v3"):
+        shape = get_model(name)
+        assert kvsize.cache_group_layers(shape) == shape.layers
+        assert kvsize.bytes_per_group_block(shape, 16, 1.0) == bytes_per_block(shape, 16, 1.0)
+
+
 def test_an_empty_or_absent_context_is_not_scaled() -> None:
     gemma = get_model("gemma-2-9b")
     assert bytes_per_token(gemma, context_tokens=0) == bytes_per_token(gemma) == 344_064

@@ -19,40 +19,27 @@ from broker.replay.traces import FORMATS, SkipCounter, TraceError, TraceOptions,
 from clients import kvsize
 from clients.vllm_events import (
     END_OF_REPLAY,
+    STORED_FIELDS,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     CaptureWriter,
     DecodeError,
-    EngineTranslator,
-    MappingOptions,
     SeqTracker,
     block_id,
     decode_batch,
     decode_event,
     encode_seq,
     hash_key,
-    parse_tier_map,
     read_capture,
     replay_request,
     split_live,
     split_replay,
 )
+from clients.vllm_translator import EngineTranslator, MappingOptions, parse_tier_map
 from kvbroker.v1 import intent_pb2 as pb
 
-STORED_DEFAULTS: list[tuple[str, Any]] = [
-    ("block_hashes", None),
-    ("parent_block_hash", None),
-    ("token_ids", None),
-    ("block_size", None),
-    ("lora_id", None),
-    ("medium", None),
-    ("lora_name", None),
-    ("extra_keys", None),
-    ("group_idx", None),
-    ("kv_cache_spec_kind", None),
-    ("kv_cache_spec_sliding_window", None),
-]
+STORED_DEFAULTS: list[tuple[str, Any]] = [(name, None) for name in STORED_FIELDS]
 BLOCK_BYTES = kvsize.bytes_per_block(kvsize.get_model("llama-3-8b"), 16)  # 2 MiB
 
 
@@ -110,10 +97,12 @@ def _encode(kind: str, values: dict[str, Any], order: list[str], encoding: str, 
         out = {"type": kind, **{k: v for k, v in values.items() if v is not None}}
         out.update(extra or {})
         return out
-    row = [kind, *(values[name] for name in order)]
+    row = [kind, *(values.get(name) for name in order)]
+    if extra:
+        row.extend(extra.values())  # a newer vLLM's extra trailing fields, after all known ones
+        return row
     while len(row) > 1 and row[-1] is None and len(row) > 3:  # trailing defaults omitted
         row.pop()
-    row.extend((extra or {}).values())  # a newer vLLM's extra trailing fields
     return row
 
 
@@ -161,13 +150,21 @@ def test_unknown_types_and_keys_are_skipped_and_bad_events_counted() -> None:
         stored([8], extra={"x": 1, "y": "two"}),  # extra trailing positional fields
         ["BlockStored", "not-a-list"],
         {"type": "BlockRemoved", "block_hashes": [1.5]},  # a float is not a hash
-        ["BlockStored", [9], None, [], 0],  # block_size 0
+        ["BlockStored", [9], None, [], -1],  # a negative block_size
         42,
     ]
     batch = decode_batch(payload(events))
     assert [e.block_hashes for e in batch.events if isinstance(e, BlockStored)] == [(7,), (8,)]
     assert batch.unknown == 2 and batch.malformed == 4
     assert any("block_size" in p for p in batch.problems)
+    # Counted per name (fails on main: nothing was counted): map keys by name, positional
+    # fields past the 15 known ones by index, event types by name.
+    assert batch.unknown_keys == {"BlockStored.future_key": 1, "BlockStored[16]": 1, "BlockStored[17]": 1}
+    assert batch.unknown_types == {"BlockTouched": 1, "BlockEvicted": 1}
+    again = decode_batch(payload([stored([1], encoding="map", extra={"future_key": 2, "other": 3})], encoding="map") + b"")
+    assert again.unknown_keys == {"BlockStored.future_key": 1, "BlockStored.other": 1}
+    as_map = msgpack.packb({"ts": 1.0, "events": [], "data_parallel_rank": 0, "extra_batch_field": 1})
+    assert decode_batch(as_map).unknown_keys == {"batch.extra_batch_field": 1}
 
 
 def test_missing_trailing_fields_take_their_defaults() -> None:
@@ -221,7 +218,12 @@ def test_block_ids_are_stable_strings_for_bytes_and_big_ints() -> None:
 
 def test_tier_map_parsing() -> None:
     assert parse_tier_map("gpu=hbm, CPU=dram,*=nvme") == (("GPU", "hbm"), ("CPU", "dram"), ("*", "nvme"))
-    for bad in ("", "GPU", "GPU=", "GPU=hbm,GPU=dram"):
+    assert parse_tier_map("GPU=hbm,STORAGE@remote=remote,*@REMOTE=remote") == (
+        ("GPU", "hbm"),
+        ("STORAGE@REMOTE", "remote"),
+        ("*@REMOTE", "remote"),
+    )
+    for bad in ("", "GPU", "GPU=", "GPU=hbm,GPU=dram", "@REMOTE=x", "STORAGE@=x"):
         with pytest.raises(ValueError):
             parse_tier_map(bad)
 
@@ -351,6 +353,25 @@ def test_a_capture_imports_as_the_bridge_translates_it(tmp_path: pathlib.Path) -
     # It replays through the core like any trace.
     result = replay(lambda: ((1, b) for b in batches), CoreConfig(), "lru")
     assert result.batches == 5
+
+
+def test_a_restart_record_clears_with_the_next_batch(tmp_path: pathlib.Path) -> None:
+    # The bridge found a restart the seq does not show (the new engine's seq 5 follows the
+    # old one's 4): the record [rank, -1, ts, b""] says so; the clear goes with the next batch.
+    path = tmp_path / "cap.vllm"
+    writer = CaptureWriter(str(path), {"model": "llama-3-8b", "client_id": "vllm"})
+    for seq in range(5):
+        writer.write(0, seq, 100.0 + seq, payload([stored([seq])], ts=1.0 + seq))
+    writer.restarted(0, 200.0)
+    for seq in range(6):
+        writer.write(0, seq, 300.0 + seq, payload([stored([100 + seq])], ts=10.0 + seq))
+    writer.close()
+    flat = [d for b in read_trace(str(path), "vllm-events", TraceOptions()) for e in b.events for d in describe([e])]
+    cleared_at = flat.index(("cleared",))
+    assert cleared_at == 5 and flat.count(("cleared",)) == 1
+    assert [d[1] for d in flat[cleared_at + 1 :]] == [str(100 + n) for n in range(6)]
+    batches = list(read_trace(str(path), "vllm-events", TraceOptions()))
+    assert batches[5].events[0].ts_us == 10_000_000  # the clear carries the new engine's first batch's time
 
 
 def test_a_torn_tail_is_cut_and_a_bad_record_is_named(tmp_path: pathlib.Path) -> None:

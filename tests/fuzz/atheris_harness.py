@@ -40,7 +40,8 @@ with atheris.instrument_imports():
     from broker.model.core import Core
     from broker.replay.traces import SkipCounter, TraceError, TraceOptions, read_trace
     from broker.service.broker_service import answer_bytes, outcome_to_pb
-    from clients.vllm_events import DecodeError, EngineTranslator, MappingOptions, decode_batch, ts_to_us
+    from clients.vllm_events import DecodeError, decode_batch, ts_to_us
+    from clients.vllm_translator import EngineTranslator, MappingOptions
     from kvbroker.v1 import intent_pb2 as pb
 
 CONFIG = """

@@ -2,10 +2,11 @@
 wrote, turned into the broker events the bridge sent.
 
 The capture format is in ``clients.vllm_events``. Each rank's records go through the same
-``EngineTranslator`` as live, with the header's tier map, client id prefix and block sizing,
-so replaying a capture gives the bridge's events: a record whose seq goes back is an engine
-restart (its blocks are cleared with that record's batch), a jump is a loss the bridge could
-not repair (nothing to do). One IntentBatch per record that produced events, per rank client
+``EngineTranslator`` as live, with the header's tier map, client id prefix and mapping
+options, so replaying a capture gives the bridge's events: a restart record, or (in captures
+written before those) a record whose seq goes back, is an engine restart (its blocks are
+cleared with the next batch, as live), a jump is a loss the bridge could not repair (nothing
+to do). One IntentBatch per record that produced events, per rank client
 id (``<client_id>-dp<rank>``). The model is the header's unless ``--model`` names another.
 The bridge's clear of stale broker state at start is not part of a capture.
 """
@@ -17,17 +18,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from broker.replay.traces.base import SkipCounter, TraceError
-from clients.vllm_events import (
-    DEFAULT_TIER_MAP,
-    CaptureError,
-    DecodeError,
-    EngineTranslator,
-    MappingOptions,
-    SeqTracker,
-    decode_batch,
-    rank_namespace,
-    ts_to_us,
-)
+from clients.vllm_events import RESTART_RECORD_SEQ, CaptureError, DecodeError, SeqTracker, decode_batch, rank_namespace, ts_to_us
+from clients.vllm_translator import DEFAULT_TIER_MAP, EngineTranslator, MappingOptions
 from kvbroker.v1 import intent_pb2 as pb
 
 if TYPE_CHECKING:  # broker.replay.traces imports this module to register the format
@@ -69,6 +61,8 @@ def read_vllm_capture(path: str, opts: VllmCaptureOptions | None = None, skips: 
     dp_size = int(header.get("dp_size") or 1)
     prefix = opts.client_id or str(header.get("client_id") or "vllm")
     block_bytes = opts.block_bytes if opts.block_bytes is not None else header.get("block_bytes")
+    offload_block_size = header.get("offload_block_size")
+    prefill_rate = header.get("prefill_tokens_per_s")
     try:
         base = MappingOptions(
             model=opts.model or str(header.get("model") or MappingOptions.model),
@@ -76,12 +70,17 @@ def read_vllm_capture(path: str, opts: VllmCaptureOptions | None = None, skips: 
             block_bytes=int(block_bytes) if block_bytes is not None else None,
             tier_map=opts.tier_map or _tier_map(header.get("tier_map"), path),
             tenant=str(header.get("tenant") or ""),
+            offload_block_size=int(offload_block_size) if offload_block_size is not None else None,
+            prefill_tokens_per_s=float(prefill_rate) if prefill_rate is not None else None,
+            gpu_reuse_reports=bool(header.get("gpu_reuse_reports", False)),
         )
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise TraceError(path, 0, "header", str(exc)) from None
     translators: dict[int, EngineTranslator] = {}
     trackers: dict[int, SeqTracker] = {}
     seqs: dict[int, int] = {}
+    # Ranks whose engine restarted: the clear goes with the next batch, as the bridge sent it.
+    restarted: set[int] = set()
     shape = None
     for record in records:
         if isinstance(record, CaptureError):
@@ -98,6 +97,10 @@ def read_vllm_capture(path: str, opts: VllmCaptureOptions | None = None, skips: 
             translators[rank] = translator
             trackers[rank] = SeqTracker()
         tracker = trackers[rank]
+        if record.seq == RESTART_RECORD_SEQ and not record.payload:
+            tracker.restarted()
+            restarted.add(rank)
+            continue
         events: list[pb.Event] = []
         try:
             batch = decode_batch(record.payload)
@@ -106,8 +109,11 @@ def read_vllm_capture(path: str, opts: VllmCaptureOptions | None = None, skips: 
             translator.stats.bad_batches += 1
             batch = None
         ts = ts_to_us(batch.ts if batch is not None else None, record.ts)
-        if record.seq <= tracker.last:
+        if record.seq <= tracker.last:  # a capture without restart records
             tracker.restarted()
+            restarted.add(rank)
+        if rank in restarted:
+            restarted.discard(rank)
             events.extend(translator.restart(ts))
         tracker.applied(record.seq)
         if batch is not None:

@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker.replay.traces import SkipCounter, TraceError, TraceOptions, read_trace
-from clients.vllm_events import DecodeError, EngineTranslator, MappingOptions, decode_batch, ts_to_us
+from clients.vllm_events import DecodeError, decode_batch, ts_to_us
+from clients.vllm_translator import EngineTranslator, MappingOptions
 from tests.clients.test_vllm_events import payload, removed, stored, write_capture
 
 FUZZ = settings(
