@@ -1,9 +1,10 @@
 """`kvbroker vllm-bridge`: stream a vLLM engine's KV-cache events into the broker.
 
 Kept apart from broker/cli/main.py so the verb is one ``add_parser(subparsers)`` call to wire in.
-Prints one JSON line when it starts (``{"event": "bridging", ...}``) and one when it stops
+Prints one JSON line when it starts (``{"event": "bridging", ...}``), one every
+``--stats-interval`` seconds (``{"event": "stats", ...}``) and one when it stops
 (``{"event": "stopped", ...}`` with every counter); exits 0 on SIGTERM/SIGINT, 1 if the
-broker refused the bridge for good, 2 on a bad argument.
+broker refused the bridge for good, 2 on a bad argument. docs/vllm-bridge.md is the guide.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import signal
 import sys
 
@@ -30,6 +32,36 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def _tier_map(text: str) -> tuple[tuple[str, str], ...]:
     try:
         return parse_tier_map(text)
@@ -41,7 +73,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add the ``vllm-bridge`` verb to the kvbroker command's subparsers."""
     p = subparsers.add_parser("vllm-bridge", help="stream a vLLM engine's KV-cache events (ZMQ) into the broker")
     p.add_argument("--events", required=True, help="vLLM's KV-events PUB endpoint, tcp://HOST:5557 (rank r: port + r)")
-    p.add_argument("--replay", help="vLLM's replay ROUTER endpoint, tcp://HOST:5558 (rank r: port + r); gaps are filled from it")
+    p.add_argument(
+        "--replay",
+        help="vLLM's replay ROUTER endpoint, tcp://HOST:5657 (rank r: port + r; keep it --dp-size ports away from --events); "
+        "gaps are filled and engine restarts told from losses with it",
+    )
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (vLLM's kv_events_config topic; default all)")
     p.add_argument("--broker", required=True, help="HOST:PORT of the broker")
     p.add_argument("--model", required=True, help=f"model name ({', '.join(kvsize.known_models())}) or path to a config.json")
@@ -54,6 +90,30 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help=f"vLLM medium to broker tier, top tier first; * for any other medium (default {format_tier_map(DEFAULT_TIER_MAP)})",
     )
     p.add_argument("--dp-size", type=_positive, default=1, help="data-parallel ranks: 0..N-1, each on port + rank (default 1)")
+    p.add_argument(
+        "--dp-start-rank",
+        type=_non_negative,
+        default=0,
+        help="first data-parallel rank served (vLLM's --data-parallel-start-rank on this node; default 0)",
+    )
+    p.add_argument(
+        "--offload-block-size",
+        type=_positive,
+        help="tokens of an offloaded copy vLLM announces with block_size 0 and no other copy gives a size to "
+        "(vLLM's kv_connector_extra_config block_size; default: the last GPU block size seen)",
+    )
+    p.add_argument("--prefill-tokens-per-s", type=_rate, help="the engine's prefill rate: blocks then carry recompute_cost_us")
+    p.add_argument(
+        "--gpu-reuse-reports",
+        action="store_true",
+        help="requests use kv_cache_report_mode=full: a GPU store of a block already on the GPU is a reuse report, not another copy",
+    )
+    p.add_argument(
+        "--stats-interval", type=_seconds, default=0.0, help="print the counters as a JSON line every this many seconds (0: never)"
+    )
+    p.add_argument(
+        "--stats-file", metavar="PATH", help="write the counters as JSON to PATH, atomically, every --stats-interval (default 10) seconds"
+    )
     p.add_argument("--client-id", default="vllm", help="client id prefix; rank r is <prefix>-dp<r> (default vllm)")
     p.add_argument("--tenant", default="", help="tenant of every block")
     p.add_argument("--capture", metavar="PATH", help="also write what is received to PATH (replay it with --format vllm-events)")
@@ -93,6 +153,12 @@ def cmd_vllm_bridge(args: argparse.Namespace) -> int:
             max_pending_batches=args.max_pending_batches,
             replay_timeout_s=args.replay_timeout,
             clear_on_start=not args.no_clear_on_start,
+            dp_start_rank=args.dp_start_rank,
+            offload_block_size=args.offload_block_size,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            gpu_reuse_reports=args.gpu_reuse_reports,
+            stats_interval_s=args.stats_interval or (10.0 if args.stats_file else 0.0),
+            stats_file=args.stats_file,
         )
         bridge = VllmBridge(config)
     except (ValueError, OSError) as exc:
@@ -106,6 +172,8 @@ def cmd_vllm_bridge(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         clients = [rank.client_id for rank in bridge.ranks]
         print(json.dumps({"event": "bridging", "clients": clients, "events": [r.events_endpoint for r in bridge.ranks]}), flush=True)
+        if args.stats_interval:
+            bridge.on_stats = lambda snapshot: print(json.dumps({"event": "stats", **snapshot}), flush=True)
         code = 0
         try:
             await bridge.run(stop)

@@ -1,17 +1,32 @@
 """The vLLM sidecar bridge: vLLM's KV-cache events (ZMQ) in, broker events (gRPC) out.
 
 One ``RankBridge`` per data-parallel rank: a SUB socket on the rank's events endpoint (port
-+ rank), a DEALER for its replay endpoint, an ``EngineTranslator`` and a ``BrokerClient``
-with the client id ``<client_id>-dp<rank>``. Per batch received:
++ rank, as vLLM offsets it), a DEALER for its replay endpoint, an ``EngineTranslator`` and a
+``BrokerClient`` with the client id ``<client_id>-dp<rank>``. Per batch received:
 
 1. seq is the next one: decode, translate, send (and capture).
-2. seq jumped (a loss, or the bridge joined late): ask the replay socket for everything
-   from the first missing seq, apply what it returns in order, then the live batch. What
-   the replay buffer no longer holds is counted in ``lost_batches`` and logged; the bridge
-   goes on with what it has (a later BlockRemoved of a block it never saw is skipped).
-3. seq went back: the engine restarted. Its blocks are cleared at the broker with the first
-   batch of the new engine (then the gap logic applies from seq 0).
+2. seq jumped (a loss, the bridge joined late, or a new engine whose first batches it
+   missed): ask the replay socket for everything from the last seq applied on, check that
+   the batch it holds at that seq is the one applied (the same engine), and apply the rest
+   in order, then the live batch. A different batch there, or none at or after it, means
+   the engine restarted: its blocks are cleared and the new engine's whole replay buffer is
+   applied from seq 0. What the replay buffer no longer holds is counted in
+   ``lost_batches`` and logged; the bridge goes on with what it has (a later BlockRemoved
+   of a block it never saw is skipped).
+3. seq went back: the engine restarted. Its blocks are cleared with the first batch of the
+   new engine (then the gap logic applies from seq 0).
 4. seq already applied through a replay: a duplicate, dropped.
+
+**Restarts the seq does not show.** A new engine starts at seq 0; if the bridge misses its
+first batches while it reconnects, the first one it sees can be the old engine's next seq, or
+above it. So the SUB socket is monitored (ZMQ socket monitor): when its connection to the
+engine dropped since the last batch, the next batch, whatever its seq, is checked against the
+replay socket as in 2. Without a replay socket the check cannot be made: after a dropped
+connection a batch that does not follow the last one is taken as a restart (the engine's
+connection went away and its seq does not continue: what a restart looks like), the next seq
+as the same engine. Batch timestamps cannot tell (wall clock, continuous across a restart),
+and the replay buffer's oldest seq cannot either (a running engine's buffer also starts at 0
+for its first 10,000 batches): the batch content at a seq both engines reached can.
 
 The broker side is the client's business: batches are bounded (``when_full``; ``block``
 by default, so a broker outage backs up into ZMQ, whose losses the replay socket then
@@ -33,15 +48,20 @@ journal, which replays of other policies cannot apply. The journal stays what vL
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
+import json
 import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from clients import kvsize
 from clients.broker_client import BrokerClient, BrokerError, BrokerQueueFull, WhenFull
@@ -88,24 +108,62 @@ class BridgeConfig:
     clear_on_start: bool = True
     rcvhwm: int = 100_000
     close_timeout_s: float = 5.0
+    # The first data-parallel rank this bridge serves (vLLM's --data-parallel-start-rank on
+    # a node that runs ranks start .. start + dp_size - 1): ports are offset by the rank.
+    dp_start_rank: int = 0
+    # See clients.vllm_translator.MappingOptions.
+    offload_block_size: int | None = None
+    prefill_tokens_per_s: float | None = None
+    gpu_reuse_reports: bool = False
+    # Every this many seconds: the stats snapshot to on_stats and to stats_file (0: never).
+    stats_interval_s: float = 0.0
+    stats_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.dp_start_rank < 0:
+            raise ValueError(f"dp_start_rank must be >= 0, got {self.dp_start_rank}")
         WhenFull(self.when_full)
         if self.replay_timeout_s <= 0:
             raise ValueError("replay_timeout_s must be > 0")
+        if self.stats_interval_s < 0:
+            raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")
+
+    @property
+    def ranks(self) -> range:
+        return range(self.dp_start_rank, self.dp_start_rank + self.dp_size)
+
+    def mapping(self, rank: int) -> MappingOptions:
+        return MappingOptions(
+            model=self.model,
+            dtype=self.dtype,
+            block_bytes=self.block_bytes,
+            tier_map=self.tier_map,
+            namespace=rank_namespace(rank, self.dp_size),
+            tenant=self.tenant,
+            offload_block_size=self.offload_block_size,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            gpu_reuse_reports=self.gpu_reuse_reports,
+        )
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
-    """vLLM's convention: rank r publishes on port + r (tcp), or ``<endpoint>_dp<r>`` (ipc/inproc)."""
+    """The endpoint of data-parallel rank ``rank``, as vLLM 0.33 offsets it
+    (ZmqEventPublisher.offset_endpoint_port): tcp port + rank, inproc name + ``_dp<rank>``.
+    vLLM refuses any other scheme for a rank above 0 (and leaves port 0 to the OS, which the
+    bridge cannot follow)."""
     if rank == 0:
         return endpoint
-    if endpoint.startswith(("ipc://", "inproc://")):
+    if endpoint.startswith("inproc://"):
         return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("ipc://"):
+        raise ValueError(f"endpoint {endpoint!r}: vLLM offsets only tcp:// and inproc:// endpoints per data-parallel rank; use tcp://")
     parts = urlsplit(endpoint)
     if parts.scheme != "tcp" or parts.port is None:
         raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT, ipc://PATH or inproc://NAME")
+    if parts.port == 0:
+        raise ValueError(f"endpoint {endpoint!r}: port 0 is chosen by the OS per rank; give vLLM and the bridge a fixed port")
     host = endpoint[len("tcp://") : endpoint.rindex(":")]
     return f"tcp://{host}:{parts.port + rank}"
 
@@ -127,8 +185,15 @@ class RankStats:
     restarts: int = 0
     bad_frames: int = 0
     directives_ignored: int = 0
+    # The SUB socket's connection to the engine dropped (ZMQ socket monitor).
+    disconnects: int = 0
+    # Replays that checked the batch at the last applied seq: same engine, or restarted.
+    continuity_checks: int = 0
+    # Per cause: seq_back, replay_differs (another batch at the last seq), replay_behind
+    # (nothing at or after it), reconnect_jump (no replay socket, the seq did not follow).
+    restart_causes: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -149,15 +214,7 @@ class RankBridge:
         self.capture = capture
         self.events_endpoint = offset_endpoint(config.events, rank)
         self.replay_endpoint = offset_endpoint(config.replay, rank) if config.replay else None
-        options = MappingOptions(
-            model=config.model,
-            dtype=config.dtype,
-            block_bytes=config.block_bytes,
-            tier_map=config.tier_map,
-            namespace=rank_namespace(rank, config.dp_size),
-            tenant=config.tenant,
-        )
-        self.translator = EngineTranslator(options, shape)
+        self.translator = EngineTranslator(config.mapping(rank), shape)
         self.tracker = SeqTracker()
         self.stats = RankStats()
         self.client_id = f"{config.client_id}-dp{rank}"
@@ -173,6 +230,12 @@ class RankBridge:
             close_timeout_s=config.close_timeout_s,
         )
         self._restart_pending = False
+        # The payload of the last batch applied: a replay holding another one at its seq
+        # comes from another engine.
+        self._last_payload = b""
+        # The connection to the engine dropped since the last batch: check the next one.
+        self._suspect = False
+        self._monitor: zmq.Socket[bytes] | None = None
 
     # ---- receiving -----------------------------------------------------------------------
 
@@ -185,6 +248,7 @@ class RankBridge:
         sub.setsockopt(zmq.RCVHWM, self.config.rcvhwm)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
+        self._monitor = self._watch(sub)
         sub.connect(self.events_endpoint)
         log.info("rank %d: %s -> broker %s as %s", self.rank, self.events_endpoint, self.config.broker, self.client_id)
         try:
@@ -192,7 +256,35 @@ class RankBridge:
                 frames = await sub.recv_multipart()
                 await self.on_live(frames)
         finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            if self._monitor is not None:
+                self._monitor.close(linger=0)
             sub.close(linger=0)
+
+    def _watch(self, sub: zmq.asyncio.Socket) -> zmq.Socket[bytes]:
+        """A socket monitor on ``sub``, read synchronously (drained before each batch)."""
+        address = f"inproc://kvbroker-vllm-bridge-monitor-{id(self)}"
+        sub.monitor(address, zmq.EVENT_DISCONNECTED)
+        monitor: zmq.Socket[bytes] = zmq.Context.shadow(self.ctx.underlying).socket(zmq.PAIR)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(address)
+        return monitor
+
+    def _drain_monitor(self) -> None:
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while monitor.poll(0):
+            event = parse_monitor_message(monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.stats.disconnects += 1
+                log.info(
+                    "rank %d: the connection to %s dropped; the next batch is checked for an engine restart",
+                    self.rank,
+                    self.events_endpoint,
+                )
+                self._suspect = True
 
     async def on_live(self, frames: list[bytes]) -> None:
         try:
@@ -202,20 +294,18 @@ class RankBridge:
             log.warning("rank %d: bad message skipped: %s", self.rank, exc)
             return
         self.stats.received += 1
+        self._drain_monitor()
         tracker = self.tracker
         verdict = tracker.classify(seq)
         if verdict == SeqTracker.RESTART:
-            log.warning("rank %d: seq went back from %d to %d: the engine restarted; clearing its blocks", self.rank, tracker.last, seq)
-            self.stats.restarts += 1
-            tracker.restarted()
-            # The clear goes with the first batch of the new engine, as the capture importer does it.
-            self._restart_pending = True
+            self._restarted("seq_back", f"seq went back from {tracker.last} to {seq}")
             verdict = tracker.classify(seq)
         if verdict == SeqTracker.DUPLICATE:
             self.stats.duplicates += 1
             return
-        if verdict == SeqTracker.GAP:
-            await self._fill(tracker.last + 1, seq)
+        suspect, self._suspect = self._suspect, False
+        if verdict == SeqTracker.GAP or (suspect and tracker.last >= 0):
+            await self._catch_up(seq, suspect)
             if seq <= tracker.last:
                 self.stats.duplicates += 1
                 return
@@ -225,17 +315,59 @@ class RankBridge:
                 log.warning("rank %d: batches %d..%d lost (not in the replay buffer)", self.rank, tracker.last + 1, seq - 1)
         await self._apply(seq, payload)
 
-    async def _fill(self, start: int, until: int) -> None:
-        """Apply what the replay socket holds from ``start`` on (at least up to ``until``)."""
-        self.stats.gaps += 1
+    def _restarted(self, cause: str, why: str) -> None:
+        log.warning("rank %d: the engine restarted (%s); clearing its blocks", self.rank, why)
+        self.stats.restarts += 1
+        self.stats.restart_causes[cause] = self.stats.restart_causes.get(cause, 0) + 1
+        self.tracker.restarted()
+        self._last_payload = b""
+        self._suspect = False
+        # The clear goes with the first batch of the new engine, as the capture importer does it.
+        self._restart_pending = True
+        if self.capture is not None:
+            self.capture.restarted(self.rank, time.time())
+
+    async def _catch_up(self, until: int, suspect: bool) -> None:
+        """Before live seq ``until``: check the engine is the one followed so far and apply
+        what it sent that was missed (from its replay socket)."""
+        tracker = self.tracker
+        if until > tracker.last + 1:
+            self.stats.gaps += 1
         if self.replay_endpoint is None:
+            if suspect and until != tracker.last + 1:
+                self._restarted(
+                    "reconnect_jump",
+                    f"the connection dropped and seq jumped from {tracker.last} to {until}; "
+                    "without a replay socket (--replay) a restart cannot be told from a loss",
+                )
             return
+        if tracker.last < 0:
+            await self._fill(0, check=False)
+            return
+        last = tracker.last
+        cause = await self._fill(last, check=True)
+        if cause is not None:
+            why = {
+                "replay_differs": f"its replay socket holds another batch at seq {last} than the one applied",
+                "replay_behind": f"its replay socket holds nothing at or after seq {last}",
+            }[cause]
+            self._restarted(cause, why)
+            await self._fill(0, check=False)
+
+    async def _fill(self, start: int, *, check: bool) -> str | None:
+        """Apply what the replay socket holds from ``start`` on. With ``check``, ``start`` is
+        the last seq applied and its batch must be the one applied: returns the restart cause
+        ("replay_differs", "replay_behind") when it is not, having applied nothing."""
+        assert self.replay_endpoint is not None
         self.stats.replay_requests += 1
-        log.info("rank %d: gap before seq %d; replaying from %d", self.rank, until, start)
+        if check:
+            self.stats.continuity_checks += 1
+        log.info("rank %d: replaying from %d", self.rank, start)
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.replay_endpoint)
         tracker = self.tracker
+        first = check
         try:
             await dealer.send_multipart(replay_request(start))
             timeout_ms = int(self.config.replay_timeout_s * 1000)
@@ -251,6 +383,15 @@ class RankBridge:
                     self.stats.bad_frames += 1
                     log.warning("rank %d: bad replay reply skipped: %s", self.rank, exc)
                     continue
+                if first:
+                    first = False
+                    if seq == END_OF_REPLAY:
+                        return "replay_behind"  # nothing at or after our last seq
+                    if seq == start:
+                        if payload != self._last_payload:
+                            return "replay_differs"
+                        continue  # the same engine: go on from there
+                    log.warning("rank %d: the replay buffer no longer holds seq %d; continuity cannot be checked", self.rank, start)
                 if seq == END_OF_REPLAY:
                     break
                 self.stats.replayed += 1
@@ -263,6 +404,7 @@ class RankBridge:
         finally:
             dealer.close(linger=0)
         tracker.filled(start)
+        return None
 
     async def _apply(self, seq: int, payload: bytes) -> None:
         received = time.time()
@@ -273,8 +415,10 @@ class RankBridge:
         except DecodeError as exc:
             self.translator.stats.bad_batches += 1
             log.warning("rank %d: batch %d skipped: %s", self.rank, seq, exc)
-        if batch is not None and batch.problems:
-            log.debug("rank %d: batch %d: %s", self.rank, seq, "; ".join(batch.problems))
+        if batch is not None:
+            if batch.problems:
+                log.debug("rank %d: batch %d: %s", self.rank, seq, "; ".join(batch.problems))
+            self._note_unknown(batch)
         ts = ts_to_us(batch.ts if batch is not None else None, received)
         if self._restart_pending:
             self._restart_pending = False
@@ -284,11 +428,22 @@ class RankBridge:
         if self.capture is not None:
             self.capture.write(self.rank, seq, received, payload)
         self.tracker.applied(seq)
+        self._last_payload = payload
         self.stats.applied += 1
         for event in events:
             # when_full="raise": an event refused is counted by the client (refused_events); go on.
             with contextlib.suppress(BrokerQueueFull):
                 await self.client.add(event)
+
+    def _note_unknown(self, batch: EventBatch) -> None:
+        """Say once per name what this bridge does not know (counted in the stats)."""
+        stats = self.translator.stats
+        for key in batch.unknown_keys:
+            if key not in stats.unknown_keys:
+                log.warning("rank %d: unknown key %r in vLLM's events (a newer vLLM?): skipped, counted in unknown_keys", self.rank, key)
+        for kind in batch.unknown_types:
+            if kind not in stats.unknown_event_types:
+                log.warning("rank %d: unknown event type %r (a newer vLLM?): skipped, counted in unknown_event_types", self.rank, kind)
 
     # ---- directives ----------------------------------------------------------------------
 
@@ -300,6 +455,7 @@ class RankBridge:
             "rank": self.rank,
             "client_id": self.client_id,
             "events_endpoint": self.events_endpoint,
+            "replay_endpoint": self.replay_endpoint,
             "last_seq": self.tracker.last,
             "held_blocks": len(self.translator.held),
             **self.stats.as_dict(),
@@ -317,8 +473,10 @@ class VllmBridge:
         self.shape = None if config.block_bytes is not None else resolve_model(config.model)
         self.ctx = zmq.asyncio.Context()
         self.capture: CaptureWriter | None = None
+        # Called with the stats snapshot every stats_interval_s.
+        self.on_stats: Callable[[dict[str, Any]], None] | None = None
         try:
-            self.ranks = [RankBridge(rank, config, self.ctx, self.shape, None) for rank in range(config.dp_size)]
+            self.ranks = [RankBridge(rank, config, self.ctx, self.shape, None) for rank in config.ranks]
         except BaseException:
             self.ctx.destroy(linger=0)
             raise
@@ -328,10 +486,14 @@ class VllmBridge:
                 "tier_map": [list(pair) for pair in config.tier_map],
                 "client_id": config.client_id,
                 "dp_size": config.dp_size,
+                "dp_start_rank": config.dp_start_rank,
                 "topic": config.topic,
                 "dtype": config.dtype,
                 "block_bytes": config.block_bytes,
                 "tenant": config.tenant,
+                "offload_block_size": config.offload_block_size,
+                "prefill_tokens_per_s": config.prefill_tokens_per_s,
+                "gpu_reuse_reports": config.gpu_reuse_reports,
             }
             self.capture = CaptureWriter(config.capture, header)
             for rank in self.ranks:
@@ -342,6 +504,7 @@ class VllmBridge:
         Raises BrokerError if the broker refused a client for good."""
         log.info("bridging %d rank(s) to %s; tiers %s", len(self.ranks), self.config.broker, format_tier_map(self.config.tier_map))
         tasks = [asyncio.create_task(rank.run(), name=f"vllm-bridge rank {rank.rank}") for rank in self.ranks]
+        reporter = asyncio.create_task(self._report_every())
         stopper = asyncio.create_task(stop.wait())
         failure: BaseException | None = None
         try:
@@ -351,19 +514,56 @@ class VllmBridge:
                     failure = task.exception()
         finally:
             stopper.cancel()
+            reporter.cancel()
             for task in tasks:
                 task.cancel()
-            for task in tasks:
+            for task in [*tasks, reporter]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             await asyncio.gather(*(rank.client.close() for rank in self.ranks), return_exceptions=True)
             if self.capture is not None:
                 self.capture.close()
             self.ctx.destroy(linger=0)
+            if self.config.stats_file:
+                self._write_stats_file()
         if failure is not None:
             if isinstance(failure, BrokerError):
                 raise failure
             raise RuntimeError(f"bridge rank failed: {failure}") from failure
 
+    async def _report_every(self) -> None:
+        interval = self.config.stats_interval_s
+        if self.config.stats_file:
+            self._write_stats_file()  # at once: a readiness probe looks for it
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            snapshot = self.snapshot()
+            if self.on_stats is not None:
+                self.on_stats(snapshot)
+            if self.config.stats_file:
+                self._write_stats_file(snapshot)
+
+    def _write_stats_file(self, snapshot: dict[str, Any] | None = None) -> None:
+        """The snapshot as JSON, replaced atomically (a reader never sees half a file)."""
+        path = self.config.stats_file
+        assert path is not None
+        record = {"time": time.time(), **(snapshot or self.snapshot())}
+        temporary = f"{path}.tmp"
+        try:
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+            os.replace(temporary, path)
+        except OSError as exc:
+            log.warning("cannot write the stats file %s: %s", path, exc)
+
     def snapshot(self) -> dict[str, Any]:
-        return {"ranks": [rank.snapshot() for rank in self.ranks], "capture_records": self.capture.records if self.capture else 0}
+        unknown: collections.Counter[str] = collections.Counter()
+        for rank in self.ranks:
+            unknown.update(rank.translator.stats.unknown_keys)
+        return {
+            "ranks": [rank.snapshot() for rank in self.ranks],
+            "capture_records": self.capture.records if self.capture else 0,
+            "unknown_keys": dict(sorted(unknown.items())),
+        }

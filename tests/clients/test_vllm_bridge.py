@@ -34,11 +34,12 @@ from broker.replay.traces import TraceOptions, read_trace
 from broker.service.server import RunningBroker, start_broker
 from clients.admin import get_residency
 from clients.vllm_bridge import BridgeConfig, RankBridge, VllmBridge, offset_endpoint
-from clients.vllm_events import END_OF_REPLAY, block_id, encode_seq
+from clients.vllm_events import END_OF_REPLAY, RESTART_RECORD_SEQ, block_id, encode_seq, read_capture
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import intent_pb2 as pb
 from tests.clients.test_vllm_events import BLOCK_BYTES, cleared, payload, removed, stored
+from tests.clients.vllm_wire import Truth, block_removed, block_stored, engines, offloaded
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -245,7 +246,8 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0, what: str 
         await asyncio.sleep(0.01)
 
 
-def bridge_config(broker_target: str, fakes: list[FakeVllm], **changes: Any) -> BridgeConfig:
+def bridge_config(broker_target: str, fakes: list[Any], **changes: Any) -> BridgeConfig:
+    """For FakeVllm or VllmPublisher ranks."""
     base = BridgeConfig(
         events=f"tcp://127.0.0.1:{fakes[0].pub_port}",
         replay=f"tcp://127.0.0.1:{fakes[0].replay_port}",
@@ -270,11 +272,11 @@ class Running:
     def ranks(self) -> list[RankBridge]:
         return self.bridge.ranks
 
-    async def caught_up(self, fakes: list[FakeVllm], timeout: float = 10.0) -> None:
+    async def caught_up(self, fakes: list[Any], timeout: float = 10.0) -> None:
         """Every published batch applied and answered by the broker."""
         for rank, fake in zip(self.ranks, fakes, strict=True):
 
-            def reached(r: RankBridge = rank, f: FakeVllm = fake) -> bool:
+            def reached(r: RankBridge = rank, f: Any = fake) -> bool:
                 return r.tracker.last == f.seq - 1
 
             await until(reached, timeout, f"rank {rank.rank} to reach seq {fake.seq - 1}")
@@ -474,7 +476,13 @@ def test_endpoints_follow_vllms_rank_offsets() -> None:
     assert offset_endpoint("tcp://10.0.0.5:5557", 0) == "tcp://10.0.0.5:5557"
     assert offset_endpoint("tcp://10.0.0.5:5557", 3) == "tcp://10.0.0.5:5560"
     assert offset_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
-    assert offset_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    assert offset_endpoint("inproc://kv", 2) == "inproc://kv_dp2"
+    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
+    # vLLM 0.33 raises for an ipc endpoint of a rank above 0, and leaves port 0 to the OS.
+    with pytest.raises(ValueError, match="only tcp:// and inproc://"):
+        offset_endpoint("ipc:///tmp/kv", 2)
+    with pytest.raises(ValueError, match="port 0"):
+        offset_endpoint("tcp://127.0.0.1:0", 1)
     with pytest.raises(ValueError):
         offset_endpoint("tcp://host", 1)
 
@@ -639,3 +647,163 @@ async def test_the_command_refuses_bad_arguments() -> None:
         timeout=30,
     )
     assert done.returncode == 2 and "expected MEDIUM=TIER" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--events", "ipc:///tmp/kv", "--dp-size", "2"], "vLLM offsets only tcp:// and inproc:// endpoints"),
+        (["--events", "tcp://127.0.0.1:0", "--dp-size", "2"], "port 0 is chosen by the OS"),
+        (["--events", "tcp://127.0.0.1:5557", "--prefill-tokens-per-s", "0"], "--prefill-tokens-per-s: must be a finite number > 0"),
+        (["--events", "tcp://127.0.0.1:5557", "--offload-block-size", "0"], "--offload-block-size: must be > 0"),
+        (["--events", "tcp://127.0.0.1:5557", "--dp-start-rank", "-1"], "--dp-start-rank: must be >= 0"),
+        (["--events", "tcp://127.0.0.1:5557", "--tier-map", "STORAGE@=nvme"], "expected MEDIUM@LOCALITY=TIER"),
+        (["--events", "tcp://127.0.0.1:5557", "--stats-interval", "nan"], "--stats-interval: must be a finite number >= 0"),
+    ],
+)
+async def test_the_command_names_the_bad_flag(flags: list[str], message: str) -> None:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", CLI, "vllm-bridge", "--broker", "127.0.0.1:1", "--model", "llama-3-8b", *flags],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+async def test_the_command_serves_the_ranks_of_this_node_from_the_start_rank() -> None:
+    # vLLM --data-parallel-start-rank 2 on this node: ranks 2 and 3, ports base + 2 and + 3.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CLI,
+        "vllm-bridge",
+        *("--events", "tcp://127.0.0.1:15557", "--replay", "tcp://127.0.0.1:15657", "--broker", "127.0.0.1:1"),
+        *("--model", "llama-3-8b", "--dp-size", "2", "--dp-start-rank", "2"),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
+        assert first == {
+            "event": "bridging",
+            "clients": ["vllm-dp2", "vllm-dp3"],
+            "events": ["tcp://127.0.0.1:15559", "tcp://127.0.0.1:15560"],
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+    last = json.loads((await proc.stdout.read()).decode().strip().splitlines()[-1])
+    assert [r["replay_endpoint"] for r in last["ranks"]] == ["tcp://127.0.0.1:15659", "tcp://127.0.0.1:15660"]
+
+
+# ---- engine restarts the seq does not show (issue 21, defect 3) ----------------------------------
+
+
+async def test_a_dropped_connection_to_the_same_engine_is_checked_and_not_taken_for_a_restart() -> None:
+    # Fails on main: no continuity check (continuity_checks, disconnects are new counters).
+    broker = await start_broker(big_config())
+    truth = Truth()
+    (engine,) = engines(truth, 1)
+    publisher = engine.publisher
+    try:
+        running = Running(bridge_config(f"127.0.0.1:{broker.port}", [publisher]))
+        await until(publisher.subscribed, 10, "the bridge to subscribe")
+        for n in range(5):
+            engine.send(block_stored([n], n - 1 if n else None))
+        await running.caught_up([publisher])
+        rank = running.ranks[0]
+        # The connection drops and comes back; the engine goes on with seq 5.
+        publisher.reconnect()
+        await until(publisher.subscribed, 10, "the bridge to subscribe again")
+        engine.send(block_stored([5], 4))
+        await running.caught_up([publisher])
+        assert rank.stats.disconnects >= 1 and rank.stats.continuity_checks == 1
+        assert (rank.stats.restarts, rank.stats.gaps, rank.stats.lost_batches) == (0, 0, 0)
+        # Again, and two batches go by while it reconnects: replayed, the same engine.
+        publisher.reconnect()
+        engine.send(block_stored([6], 5), missed=True)
+        engine.send(block_stored([7], 6), missed=True)
+        await until(publisher.subscribed, 10, "the bridge to subscribe again")
+        engine.send(block_removed([0]), block_stored([8], 7))
+        await running.caught_up([publisher])
+        assert rank.stats.continuity_checks == 2 and rank.stats.restarts == 0 and rank.translator.stats.clears == 0
+        assert (rank.stats.gaps, rank.stats.lost_batches) == (1, 0)
+        assert_mirrors(broker, truth.expected())
+        await running.finish()
+    finally:
+        publisher.close()
+        await broker.stop(grace=1)
+
+
+async def test_without_a_replay_socket_a_reconnect_whose_seq_jumps_is_a_restart() -> None:
+    # Fails on main: the old engine's blocks stayed and nothing was logged.
+    broker = await start_broker(big_config())
+    truth = Truth()
+    (engine,) = engines(truth, 1, replay=False)
+    try:
+        running = Running(bridge_config(f"127.0.0.1:{broker.port}", [engine.publisher], replay=None))
+        await until(engine.publisher.subscribed, 10, "the bridge to subscribe")
+        for n in range(5):
+            engine.send(block_stored([f"old-{n}".encode()]))
+        await running.caught_up([engine.publisher])
+        engine.restart()
+        for n in range(20):
+            engine.send(block_stored([f"new-{n}".encode()]), missed=True)
+        await until(engine.publisher.subscribed, 10, "the bridge to subscribe again")
+        engine.send(block_stored([b"new-20"]))
+        await running.caught_up([engine.publisher])
+        rank = running.ranks[0]
+        assert rank.stats.restarts == 1 and rank.stats.restart_causes == {"reconnect_jump": 1}
+        # Without a replay socket the new engine's first 20 batches cannot be had: counted.
+        assert rank.stats.lost_batches == 20
+        assert_mirrors(broker, {block_id(b"new-20"): "hbm"})
+        # A reconnect after which the seq follows on is the same engine.
+        engine.publisher.reconnect()
+        await until(engine.publisher.subscribed, 10, "the bridge to subscribe again")
+        engine.send(block_stored([b"new-21"]))
+        await running.caught_up([engine.publisher])
+        assert rank.stats.restarts == 1
+        assert_mirrors(broker, {block_id(b"new-20"): "hbm", block_id(b"new-21"): "hbm"})
+        await running.finish()
+    finally:
+        engine.publisher.close()
+        await broker.stop(grace=1)
+
+
+async def test_a_detected_restart_is_in_the_capture_and_replays_as_the_bridge_sent_it(tmp_path: pathlib.Path) -> None:
+    broker = await start_broker(big_config(f"file://{tmp_path}/j.journal"))
+    truth = Truth()
+    (engine,) = engines(truth, 1)
+    try:
+        running = Running(bridge_config(f"127.0.0.1:{broker.port}", [engine.publisher], capture=str(tmp_path / "cap.vllm")))
+        await until(engine.publisher.subscribed, 10, "the bridge to subscribe")
+        for n in range(5):
+            engine.send(block_stored([f"old-{n}".encode()]), offloaded(f"old-{n}".encode(), "CPU"))
+        await running.caught_up([engine.publisher])
+        engine.restart()
+        for n in range(20):
+            engine.send(block_stored([f"new-{n}".encode()]), missed=True)
+        await until(engine.publisher.subscribed, 10, "the bridge to subscribe again")
+        for n in range(20, 23):
+            engine.send(block_stored([f"new-{n}".encode()]))
+        await running.caught_up([engine.publisher])
+        assert running.ranks[0].stats.restart_causes == {"replay_differs": 1}
+        assert_mirrors(broker, truth.expected())
+        await running.finish()
+    finally:
+        engine.publisher.close()
+        await broker.stop(grace=1)
+    header, records = read_capture(str(tmp_path / "cap.vllm"))
+    assert header["tier_map"] == [["GPU", "hbm"], ["CPU", "dram"], ["STORAGE", "nvme"]]
+    seqs = [r.seq for r in records if not isinstance(r, Exception)]
+    assert seqs == [0, 1, 2, 3, 4, RESTART_RECORD_SEQ, *range(23)]
+    journaled = [pb.IntentBatch.FromString(r.payload) for r in JournalSource(f"file://{tmp_path}/j.journal").batches()]
+    sent = [e for b in journaled for e in b.events]
+    imported = [e for b in read_trace(str(tmp_path / "cap.vllm"), "vllm-events", TraceOptions()) for e in b.events]
+    assert imported == sent[1:]
+    assert [e.WhichOneof("kind") for e in imported].count("cleared") == 1
