@@ -35,6 +35,7 @@ from broker.config.telemetry import telemetry_config_from_dict
 from broker.service.health import LIVENESS_SERVICE, HealthConfig
 from broker.service.server import SERVICE_NAME
 from broker.service.telemetry import TelemetryConfig
+from clients.vllm_bridge import offset_endpoint
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -629,3 +630,71 @@ def test_the_rayjob_image_is_the_broker_image_with_ray() -> None:
     }
     assert images == {f"kvbroker-ray:{broker_image.split(':')[1]}"}
     assert f"-t kvbroker-ray:{broker_image.split(':')[1]}" in text
+# ---- the vLLM events bridge ------------------------------------------------------------------
+
+
+def vllm_rank_endpoint(endpoint: str, rank: int) -> str:
+    """vLLM 0.33's own rule (ZmqEventPublisher.offset_endpoint_port): tcp port + rank."""
+    base, _, port = endpoint.rpartition(":")
+    return f"{base}:{int(port) + rank}" if rank else endpoint
+
+
+def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def test_k8s_vllm_bridge_reads_the_endpoints_vllm_publishes() -> None:
+    # Fails on main: the pod ran no bridge, and vLLM had no replay endpoint.
+    import argparse
+
+    from clients import cli_bridge, kvsize
+
+    pod = k8s("Deployment", "inference")
+    spec = pod["spec"]["template"]["spec"]
+    vllm, bridge, broker = container(pod, "vllm"), container(pod, "vllm-bridge"), container(pod, "kvbroker")
+    # A native sidecar beside the broker, started after it, from the broker's image.
+    init = [c["name"] for c in spec.get("initContainers", [])]
+    assert "vllm-bridge" in init and init.index("kvbroker") < init.index("vllm-bridge")
+    assert bridge["restartPolicy"] == "Always" and bridge["image"] == broker["image"]
+    assert bridge["command"] == ["kvbroker", "vllm-bridge"]
+    parser = argparse.ArgumentParser(prog="kvbroker")
+    cli_bridge.add_parser(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["vllm-bridge", *bridge["args"]])
+    # vLLM's side: its --kv-events-config, --model, --data-parallel-size.
+    vargs = [str(a) for a in vllm["args"]]
+    events = json.loads(flag(vargs, "--kv-events-config") or "{}")
+    assert events["enable_kv_cache_events"] is True and events.get("publisher", "zmq") == "zmq"
+    dp_size = int(flag(vargs, "--data-parallel-size", "1") or 1)
+    assert args.dp_size == dp_size and args.dp_start_rank == 0
+    assert args.topic == events.get("topic", "")
+    assert args.model == flag(vargs, "--model") and kvsize.resolve_shape(args.model)
+    for name, theirs, ours in (
+        ("endpoint", events.get("endpoint"), args.events),
+        ("replay_endpoint", events.get("replay_endpoint"), args.replay),
+    ):
+        # vLLM binds (and so the bridge can connect) only a wildcard, ipc or inproc endpoint.
+        assert theirs and "*" in theirs, f"vLLM's {name} {theirs!r} must be a bind endpoint (tcp://*:PORT)"
+        assert ours and host_of(ours) in ("127.0.0.1", "localhost"), f"the bridge reads vLLM in its own pod, not {ours!r}"
+        for rank in range(dp_size):
+            assert port_of(offset_endpoint(ours, rank)) == port_of(vllm_rank_endpoint(theirs, rank))
+    # Every rank's events and replay ports are distinct (a replay range that starts one port
+    # after the events range collides at rank 1: "Address already in use").
+    ports = [port_of(vllm_rank_endpoint(e, r)) for e in (events["endpoint"], events["replay_endpoint"]) for r in range(dp_size)]
+    assert len(set(ports)) == len(ports)
+    declared = {p["containerPort"] for p in vllm["ports"]}
+    assert {port_of(events["endpoint"]), port_of(events["replay_endpoint"])} <= declared
+    # The bridge talks to this pod's broker.
+    assert host_of(args.broker) in ("127.0.0.1", "localhost") and port_of(args.broker) == deployed().grpc_port
+    # A pinned vLLM with these events (0.33 or later), never a floating tag.
+    image, _, tag = vllm["image"].rpartition(":")
+    assert image == "vllm/vllm-openai" and tag.startswith("v")
+    assert tuple(int(part) for part in tag[1:].split(".")[:2]) >= (0, 33), tag
+    # Its probes read the stats file the bridge writes, on a writable volume.
+    stats_dir = posixpath.dirname(args.stats_file)
+    assert stats_dir in {m["mountPath"] for m in bridge["volumeMounts"]}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert args.stats_file in " ".join(bridge[probe]["exec"]["command"]), probe
+    assert args.stats_interval and all(
+        args.stats_interval < int(bridge[p]["exec"]["command"][-1].rsplit(">", 1)[1].strip(" )"))
+        for p in ("readinessProbe", "livenessProbe")
+    )
