@@ -630,6 +630,8 @@ def test_the_rayjob_image_is_the_broker_image_with_ray() -> None:
     }
     assert images == {f"kvbroker-ray:{broker_image.split(':')[1]}"}
     assert f"-t kvbroker-ray:{broker_image.split(':')[1]}" in text
+
+
 # ---- the vLLM events bridge ------------------------------------------------------------------
 
 
