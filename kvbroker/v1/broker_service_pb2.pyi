@@ -21,20 +21,24 @@ class Hello(_message.Message):
     def __init__(self, schema_major: _Optional[int] = ..., schema_minor: _Optional[int] = ..., client_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("served_majors", "schema_minor", "broker_id", "last_batch_seq", "policy", "config_generation")
+    __slots__ = ("served_majors", "schema_minor", "broker_id", "last_batch_seq", "policy", "config_generation", "max_events_per_batch", "max_batch_seq_gap")
     SERVED_MAJORS_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_MINOR_FIELD_NUMBER: _ClassVar[int]
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_BATCH_SEQ_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     CONFIG_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_EVENTS_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEQ_GAP_FIELD_NUMBER: _ClassVar[int]
     served_majors: _containers.RepeatedScalarFieldContainer[int]
     schema_minor: int
     broker_id: str
     last_batch_seq: int
     policy: str
     config_generation: int
-    def __init__(self, served_majors: _Optional[_Iterable[int]] = ..., schema_minor: _Optional[int] = ..., broker_id: _Optional[str] = ..., last_batch_seq: _Optional[int] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ...) -> None: ...
+    max_events_per_batch: int
+    max_batch_seq_gap: int
+    def __init__(self, served_majors: _Optional[_Iterable[int]] = ..., schema_minor: _Optional[int] = ..., broker_id: _Optional[str] = ..., last_batch_seq: _Optional[int] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., max_events_per_batch: _Optional[int] = ..., max_batch_seq_gap: _Optional[int] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("hello", "batch")
@@ -195,7 +199,7 @@ class ArmStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., policy: _Optional[str] = ..., role: _Optional[str] = ..., accesses: _Optional[int] = ..., hit_rate: _Optional[float] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., mean_latency_us: _Optional[float] = ..., p99_latency_us: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., prefetches: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., deadline_misses: _Optional[int] = ..., clients: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms", "journal_spool_records", "journal_spool_bytes", "journal_dropped")
+    __slots__ = ("broker_id", "policy", "config_generation", "tiers", "events", "directives", "batches", "duplicate_batches", "rejected_events", "accesses_by_tier", "decode_critical_accesses", "decode_critical_misses", "journal_pending", "journal_written", "journal_errors", "journal", "clients", "arms", "journal_spool_records", "journal_spool_bytes", "journal_dropped", "outstanding_directives", "max_outstanding_directives", "refused_batches", "refused_streams", "revoked_streams")
     class EventsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +215,20 @@ class GetStatsResponse(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class AccessesByTierEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class RefusedBatchesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class RefusedStreamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +256,11 @@ class GetStatsResponse(_message.Message):
     JOURNAL_SPOOL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_DIRECTIVES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTSTANDING_DIRECTIVES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_STREAMS_FIELD_NUMBER: _ClassVar[int]
     broker_id: str
     policy: str
     config_generation: int
@@ -259,4 +282,9 @@ class GetStatsResponse(_message.Message):
     journal_spool_records: int
     journal_spool_bytes: int
     journal_dropped: int
-    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmStats, _Mapping]]] = ..., journal_spool_records: _Optional[int] = ..., journal_spool_bytes: _Optional[int] = ..., journal_dropped: _Optional[int] = ...) -> None: ...
+    outstanding_directives: int
+    max_outstanding_directives: int
+    refused_batches: _containers.ScalarMap[str, int]
+    refused_streams: _containers.ScalarMap[str, int]
+    revoked_streams: int
+    def __init__(self, broker_id: _Optional[str] = ..., policy: _Optional[str] = ..., config_generation: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., events: _Optional[_Mapping[str, int]] = ..., directives: _Optional[_Mapping[str, int]] = ..., batches: _Optional[int] = ..., duplicate_batches: _Optional[int] = ..., rejected_events: _Optional[int] = ..., accesses_by_tier: _Optional[_Mapping[str, int]] = ..., decode_critical_accesses: _Optional[int] = ..., decode_critical_misses: _Optional[int] = ..., journal_pending: _Optional[int] = ..., journal_written: _Optional[int] = ..., journal_errors: _Optional[int] = ..., journal: _Optional[str] = ..., clients: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmStats, _Mapping]]] = ..., journal_spool_records: _Optional[int] = ..., journal_spool_bytes: _Optional[int] = ..., journal_dropped: _Optional[int] = ..., outstanding_directives: _Optional[int] = ..., max_outstanding_directives: _Optional[int] = ..., refused_batches: _Optional[_Mapping[str, int]] = ..., refused_streams: _Optional[_Mapping[str, int]] = ..., revoked_streams: _Optional[int] = ...) -> None: ...

@@ -193,13 +193,15 @@ class Event(_message.Message):
     def __init__(self, ts_us: _Optional[int] = ..., allocated: _Optional[_Union[BlockAllocated, _Mapping]] = ..., accessed: _Optional[_Union[BlocksAccessed, _Mapping]] = ..., intent_updated: _Optional[_Union[IntentUpdated, _Mapping]] = ..., released: _Optional[_Union[BlocksReleased, _Mapping]] = ..., freed: _Optional[_Union[BlocksFreed, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., acked: _Optional[_Union[DirectiveAcked, _Mapping]] = ...) -> None: ...
 
 class IntentBatch(_message.Message):
-    __slots__ = ("client_id", "batch_seq", "events", "tenant")
+    __slots__ = ("client_id", "batch_seq", "events", "tenant", "broker_received_us")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    BROKER_RECEIVED_US_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     batch_seq: int
     events: _containers.RepeatedCompositeFieldContainer[Event]
     tenant: str
-    def __init__(self, client_id: _Optional[str] = ..., batch_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    broker_received_us: int
+    def __init__(self, client_id: _Optional[str] = ..., batch_seq: _Optional[int] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., tenant: _Optional[str] = ..., broker_received_us: _Optional[int] = ...) -> None: ...
