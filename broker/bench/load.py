@@ -66,6 +66,7 @@ class _Stream:
         ]
         self.sizes = [min(spec.batch, n - start) for start in range(0, n, spec.batch)]
         self.end_us = encoded.end_us
+        self.sent = 0  # batches written (seq 1..sent): a run may stop before the last
         self.channel: Any = None
         self.call: Any = None
 
@@ -140,14 +141,15 @@ class _Stream:
         done_writing = True
         progress.set()
         await asyncio.wait_for(task, TIMEOUT_S)  # raises what the reader raised
-        result.batches = len(sent_at)
+        result.batches = self.sent = len(sent_at)
         result.rtts = rtts.tobytes()
         result.finished = result.finished or time.monotonic()
         return result
 
     async def cleanup(self) -> int:
         """One ``cleared`` batch: the run leaves nothing behind in the broker."""
-        seq = len(self.messages) + 1  # above every seq this stream could have used
+        # The next number: the broker refuses a batch_seq that jumps (limits.max_batch_seq_gap).
+        seq = self.sent + 1
         await self.call.write(stream_request(self.spec.client_id.encode(), seq, cleared_events(self.end_us)))
         answer = await asyncio.wait_for(self.call.read(), TIMEOUT_S)
         if answer is grpc.aio.EOF:

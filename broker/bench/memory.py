@@ -174,7 +174,7 @@ def breakdown(core: Core, blocks: int) -> list[dict[str, Any]]:
                     seen.add(id(ref))
                     stack.append(ref)
 
-    walk("core", [core.blocks, core.by_request, core.client_seq, core.outstanding, core.tenant_blocks])
+    walk("core", [core.blocks, core.by_request, core.by_owner, core.client_seq, core.outstanding, core.tenant_blocks])
     walk("policy", [tier.policy for tier in core.tiers])
     ordered = sorted(rows.items(), key=lambda kv: (kv[0][0] != "core", -kv[1][1]))
     return [

@@ -42,7 +42,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         validate_telemetry(telemetry)  # a ConfigError naming telemetry.<key>, as for the file
         return dataclasses.replace(config, telemetry=telemetry)
 
+    from broker.config.settings import check_listen
+    from broker.journal import JournalError
+
     config = with_flags(load_config(args.config))
+    if args.listen:
+        check_listen(args.listen, "--listen")
     setup_logging(args.log_level, config.telemetry.log_format)
 
     def ready(broker: Any) -> None:
@@ -51,7 +56,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         line["metrics_port"] = broker.telemetry.metrics_port if broker.telemetry is not None else None
         print(json.dumps(line), flush=True)
 
-    run(config, args.config, on_ready=ready, overrides=with_flags)
+    try:
+        run(config, args.config, on_ready=ready, overrides=with_flags)
+    except (OSError, JournalError) as exc:
+        # One line, not a traceback: a port in use, a journal held by another broker.
+        print(f"kvbroker serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -124,6 +134,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         "journal_spool_bytes": stats.journal_spool_bytes,
         "journal_dropped": stats.journal_dropped,
         "clients": stats.clients,
+        "outstanding_directives": stats.outstanding_directives,
+        "max_outstanding_directives": stats.max_outstanding_directives,
+        "refused_batches": dict(sorted(stats.refused_batches.items())),
+        "refused_streams": dict(sorted(stats.refused_streams.items())),
+        "revoked_streams": stats.revoked_streams,
     }
     if args.json:
         print(json.dumps(record, indent=2))
@@ -140,6 +155,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
         f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
     )
+    print(f"unacknowledged directives {record['outstanding_directives']} (at most {record['max_outstanding_directives']} kept)")
+    refused = ", ".join(f"{k} {v}" for k, v in record["refused_batches"].items()) or "none"
+    print(f"refused batches: {refused}; refused streams: {sum(record['refused_streams'].values())}, revoked {record['revoked_streams']}")
     return 0
 
 
@@ -379,6 +397,49 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    """Keep every intact record of a damaged file journal; say what was cut."""
+    from broker.journal import JournalError
+    from broker.journal.file import repair_file_journal, take_lock
+
+    path = args.journal[len("file://") :] if args.journal.startswith("file://") else args.journal
+    try:
+        lock = take_lock(path)  # not while a broker writes it
+    except JournalError as exc:
+        print(f"kvbroker repair: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = repair_file_journal(path, write=not args.check)
+    except (OSError, JournalError) as exc:
+        print(f"kvbroker repair: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        import os
+
+        os.close(lock)
+    out = {
+        "journal": path,
+        "damaged": bool(report.cuts),
+        "written": bool(report.cuts) and not args.check,
+        "records_kept": report.records_kept,
+        "records_repeated": report.records_repeated,
+        "bytes_cut": report.bytes_cut,
+        "cuts": [{"offset": o, "bytes": n} for o, n in report.cuts],
+    }
+    if args.json:
+        print(json.dumps(out))
+    elif not report.cuts:
+        print(f"{path}: sound, {report.records_kept} records; nothing to repair")
+    else:
+        where = ", ".join(f"{n} bytes at offset {o}" for o, n in report.cuts)
+        verb = "would keep" if args.check else "kept"
+        print(
+            f"{path}: {verb} {report.records_kept} intact records; cut {where}"
+            + (f"; {report.records_repeated} records repeated after a tear kept once" if report.records_repeated else "")
+        )
+    return 1 if args.check and report.cuts else 0
+
+
 def cmd_policies(args: argparse.Namespace) -> int:
     from policies import registry
 
@@ -560,6 +621,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="file://PATH of the journal to write")
     p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("repair", help="keep every intact record of a damaged file journal (the broker stopped); report what is cut")
+    p.add_argument("journal", help="file://PATH or PATH of the journal")
+    p.add_argument("--check", action="store_true", help="report only; exit 1 if the journal is damaged")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=cmd_repair)
 
     from broker.cli import size as cli_size
 

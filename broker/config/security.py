@@ -233,6 +233,11 @@ def _env_tokens(name: str) -> dict[str, Identity]:
     return parse_tokens(text, "security.tokens_env")
 
 
+def env_tokens(config: SecurityConfig) -> dict[str, Identity]:
+    """The tokens of ``tokens_env`` alone (what is left when the tokens file is deleted)."""
+    return _env_tokens(config.tokens_env) if config.tokens_env else {}
+
+
 def load_tokens(config: SecurityConfig) -> dict[str, Identity]:
     """The token table from ``tokens_env`` and ``tokens_file``; a token defined in both must
     mean the same there. At least one token is needed."""

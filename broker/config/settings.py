@@ -97,6 +97,9 @@ class JournalConfig:
     # Redis Cluster journal: a write counts (and its batches are answered) once this many
     # replicas of the shard hold it (WAIT), so a master's failover loses none; 0 = do not wait.
     wait_replicas: int = 1
+    # Redis journal: the longest one write (or connect) may take before Redis counts as
+    # unreachable and records go to the spool. A hung Redis stalls answers this long.
+    redis_timeout_s: float = 0.5
 
 
 # The default stream key on a Redis Cluster: the broker id in braces is the key's hash tag,
@@ -122,6 +125,10 @@ class CoreConfig:
     # limits.max_blocks_per_tenant (0 = none): here because the core enforces it, so replay
     # and recovery (which see the journaled CoreConfig) refuse the same allocations.
     max_blocks_per_tenant: int = 0
+    # limits.max_clock_skew_us (0 = off): how far an event's ts_us may run ahead of the
+    # broker's clock, measured against the time the broker received its batch (stamped in
+    # the journaled batch, so replay decides the same). Here because the core enforces it.
+    max_clock_skew_us: int = 60_000_000
 
 
 # bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
@@ -171,6 +178,17 @@ def core_from_json(text: str) -> CoreConfig:
         return CoreConfig(tiers=tiers, policy=policy, **data)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"journaled config is not readable: {exc}") from exc
+
+
+def check_listen(listen: str, key: str = "broker.listen") -> None:
+    """``HOST:PORT`` with a port in 1..65535, or 0 (pick a free one); else ConfigError."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {listen!r}")
+    if not port.isdigit():
+        raise ConfigError(f"{key}: port {port!r} is not a number (HOST:PORT, port 1..65535, or 0 for a free one)")
+    if int(port) > 65535:
+        raise ConfigError(f"{key}: port {int(port)} is out of range (1..65535, or 0 for a free one)")
 
 
 def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any) -> Any:
@@ -238,6 +256,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     _no_extra(broker, "broker.")
     if not broker_id:
         raise ConfigError("broker.id: must be non-empty")
+    check_listen(listen)
 
     raw_tiers = root.pop("tiers", None)
     tiers: tuple[TierConfig, ...]
@@ -295,6 +314,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         else JournalConfig.spool_max_bytes,
         spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
         wait_replicas=_take(jr, "wait_replicas", "journal.", int, JournalConfig.wait_replicas),
+        redis_timeout_s=_take(jr, "redis_timeout_s", "journal.", float, JournalConfig.redis_timeout_s),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -309,6 +329,8 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.spool_max_bytes: must be >= {MIN_SPOOL_BYTES}, got {journal.spool_max_bytes}")
     if journal.spool_full not in ("refuse", "drop"):
         raise ConfigError(f'journal.spool_full: must be "refuse" or "drop", got {journal.spool_full!r}')
+    if not 0.001 <= journal.redis_timeout_s <= 600:  # NaN fails too
+        raise ConfigError(f"journal.redis_timeout_s: must be in 0.001..600 seconds, got {journal.redis_timeout_s}")
     if "\0" in journal.spool_dir:
         raise ConfigError("journal.spool_dir: must not contain NUL")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))
@@ -324,6 +346,8 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         recompute_us=recompute_us,
         quant=quant,
         max_blocks_per_tenant=limits.max_blocks_per_tenant,
+        max_clock_skew_us=limits.max_clock_skew_us,
+        max_outstanding_directives=limits.max_outstanding_directives,
     )
     config = BrokerConfig(
         broker_id=broker_id,

@@ -16,7 +16,7 @@ from broker.journal.base import Journal, NullJournal
 from broker.journal.cluster import RedisClusterJournal
 from broker.journal.file import FileJournal, read_file_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
-from broker.journal.redis_stream import RedisJournal, directives_key, read_redis_records, redact, stream_exists
+from broker.journal.redis_stream import DEFAULT_TIMEOUT_S, RedisJournal, directives_key, read_redis_records, redact, stream_exists
 from broker.journal.redis_urls import is_cluster_url, is_redis_url
 
 __all__ = [
@@ -55,6 +55,7 @@ def open_journal(
     spool_max_bytes: int = 1 << 30,
     spool_full: str = "refuse",
     wait_replicas: int = 1,
+    redis_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Journal:
     """The journal a broker writes to, not yet started. ``spool_*``: the local spool of a
     Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none).
@@ -84,6 +85,7 @@ def open_journal(
             spool_max_bytes=spool_max_bytes,
             spool_full=spool_full,
             fsync=fsync,
+            timeout_s=redis_timeout_s,
         )
     if url.startswith("file://"):
         return FileJournal(file_path(url), fsync=fsync, max_group=max_group)

@@ -1,17 +1,58 @@
-"""The embedded default journal: an append-only local file, a length and CRC per record."""
+"""The embedded default journal: an append-only local file, a length and CRC per record.
+
+One writer per file: the broker holds an exclusive ``flock`` on ``PATH.lock`` (a file of
+its own, holding the pid of the broker that has it) for as long as the journal is open. A
+second broker on the same journal refuses to start and names that pid; the kernel releases
+the lock when the holder dies, so a crash never leaves the journal locked.
+
+A write that fails half way (disk full, a file-size limit) is cut off again before it is
+retried: every group is written with ``pwrite`` at the offset the file had after the last
+good group, and a failure truncates the file back to that offset, so a retried group never
+lands after torn bytes (the spool does the same: broker.journal.spool).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import fcntl
 import os
 from collections.abc import Iterator
 
 from broker.journal.base import Journal
-from broker.journal.records import MAGIC, JournalRecord, encode, scan
+from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, scan, scan_frames
 
 
-def open_for_append(path: str) -> tuple[int, int]:
-    """Check the file, cut a torn tail, and return (fd, records found).
+def lock_path(path: str) -> str:
+    return path + ".lock"
+
+
+def take_lock(path: str) -> int:
+    """Hold the journal's lock file (``PATH.lock``) for this process; returns its fd.
+
+    Raises JournalError naming the other holder's pid when another process has it."""
+    where = lock_path(path)
+    try:
+        fd = os.open(where, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise JournalError(f"cannot open the journal lock {where}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise JournalError(
+            f"journal {path} is in use by another broker (pid {holder}, holding {where}); "
+            "two brokers must not write one journal: stop that one or give this one its own journal.url"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def open_for_append(path: str) -> tuple[int, int, int]:
+    """Check the file, cut a torn tail, and return (fd, records found, end offset).
 
     Raises JournalError if the file is damaged before its tail.
     """
@@ -25,12 +66,12 @@ def open_for_append(path: str) -> tuple[int, int]:
             os.ftruncate(fd, good)
             if good == 0:
                 os.pwrite(fd, MAGIC, 0)
+                good = len(MAGIC)
             os.fsync(fd)
-        os.lseek(fd, 0, os.SEEK_END)
     except BaseException:
         os.close(fd)
         raise
-    return fd, len(records)
+    return fd, len(records), good
 
 
 def read_file_journal(path: str) -> Iterator[JournalRecord]:
@@ -41,28 +82,132 @@ def read_file_journal(path: str) -> Iterator[JournalRecord]:
     yield from records
 
 
+@dataclasses.dataclass(frozen=True)
+class Repair:
+    """What ``repair_file_journal`` found (and, when asked to write, did)."""
+
+    records_kept: int
+    # Records dropped because they repeat, byte for byte, the ones just before a tear (the
+    # retried group of a journal written before torn writes were cut back).
+    records_repeated: int
+    # Torn bytes cut: (offset, length) of each damaged stretch, in file order.
+    cuts: tuple[tuple[int, int], ...]
+
+    @property
+    def bytes_cut(self) -> int:
+        return sum(n for _, n in self.cuts)
+
+
+def _next_frame(data: bytes, pos: int) -> int:
+    """The first offset after ``pos`` where an intact frame starts, or len(data)."""
+    for start in range(pos + 1, len(data) - FRAME.size + 1):
+        try:
+            if scan_frames(data, start, "", limit=1)[0]:
+                return start
+        except JournalError:
+            continue
+    return len(data)
+
+
+def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], int]:
+    """Intact frames from ``pos`` (each with its bytes), to the first damaged one."""
+    out: list[tuple[JournalRecord, bytes]] = []
+    while pos < len(data):
+        try:
+            got, end = scan_frames(data, pos, "", limit=1)
+        except JournalError:
+            break
+        if not got:
+            break
+        out.append((got[0], data[pos:end]))
+        pos = end
+    return out, pos
+
+
+def repair_file_journal(path: str, *, write: bool) -> Repair:
+    """Keep every intact record of a damaged journal, in order; cut the torn bytes.
+
+    A tear is a stretch that is no record (a write cut short and not cut back, as this
+    journal did before it cut failed writes back). After it, scanning resumes at the next
+    offset where an intact record starts. Records right after a tear that repeat the ones
+    right before it byte for byte are the group that was retried after the failed write:
+    they are kept once. With ``write`` the file is replaced (a new file renamed over it,
+    so a crash leaves the old or the new, never half of each)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(MAGIC):
+        raise JournalError(f"{path}: not a kvbroker journal (bad magic); nothing to repair")
+    kept: list[tuple[JournalRecord, bytes]] = []
+    cuts: list[tuple[int, int]] = []
+    repeated = 0
+    pos = len(MAGIC)
+    while True:
+        frames, pos = _frames(data, pos)
+        if cuts and frames:
+            # The longest run of records before the tear that the records after it repeat.
+            last = [b for _, b in kept[-len(frames) :]]
+            same = next((n for n in range(min(len(last), len(frames)), 0, -1) if last[-n:] == [b for _, b in frames[:n]]), 0)
+            repeated += same
+            frames = frames[same:]
+        kept.extend(frames)
+        if pos >= len(data):
+            break
+        resume = _next_frame(data, pos)
+        cuts.append((pos, resume - pos))
+        pos = resume
+    if write and cuts:
+        tmp = path + ".repair"
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + b"".join(b for _, b in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return Repair(len(kept), repeated, tuple(cuts))
+
+
 class FileJournal(Journal):
     def __init__(self, path: str, *, fsync: bool = False, max_group: int = 512) -> None:
         super().__init__(max_group)
         self.path = path
         self.fsync = fsync
         self._fd = -1
+        self._lock_fd = -1
+        # Where the next group goes: the end of the last good write.
+        self._offset = 0
         self.records_at_open = 0
+        # Bytes of failed writes cut off again (a disk that filled, a file-size limit).
+        self.torn_bytes_cut = 0
 
     @property
     def description(self) -> str:
         return f"file://{self.path}"
 
     async def _open(self) -> None:
-        self._fd, self.records_at_open = open_for_append(self.path)
+        self._lock_fd = take_lock(self.path)
+        try:
+            self._fd, self.records_at_open, self._offset = open_for_append(self.path)
+        except BaseException:
+            self._release_lock()
+            raise
 
     def _write_sync(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        if self.fsync:
-            os.fsync(self._fd)
+        offset = self._offset
+        try:
+            while view:
+                n = os.pwrite(self._fd, view, offset)
+                view = view[n:]
+                offset += n
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError:
+            # Cut what this group wrote so far: the retry starts at the same good offset.
+            if offset > self._offset:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._offset)
+                    self.torn_bytes_cut += offset - self._offset
+            raise
+        self._offset = offset
 
     async def _write(self, group: list[JournalRecord]) -> None:
         data = b"".join(encode(r) for r in group)
@@ -74,3 +219,9 @@ class FileJournal(Journal):
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = -1

@@ -98,7 +98,10 @@ def scan_frames(data: bytes, pos: int, path: str, *, limit: int | None = None) -
         if zlib.crc32(body) != crc:
             if body_end == end:
                 return records, pos  # last record half-written
-            raise JournalError(f"{path}: checksum mismatch in the record at offset {pos}, before the tail; refusing to misread")
+            raise JournalError(
+                f"{path}: checksum mismatch in the record at offset {pos}, before the tail; refusing to misread "
+                f"(stop the broker and run `kvbroker repair {path}`: it keeps every intact record and reports what it cuts)"
+            )
         records.append(decode_body(body, f"{path}@{pos}"))
         pos = body_end
     return records, pos

@@ -38,7 +38,9 @@ log = logging.getLogger("kvbroker.journal")
 
 # Bounds every socket operation of the read-back client, and each whole group exchange
 # (send, then every reply) of the writer.
-SOCKET_TIMEOUT_S = 5.0
+# journal.redis_timeout_s: a hung Redis (up, not answering) stalls every answer this long
+# before the spool takes over (ack_after = "journal"); it was a fixed 5 s.
+DEFAULT_TIMEOUT_S = 0.5
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _CRLF = b"\r\n"
@@ -96,7 +98,10 @@ class RedisJournal(SpooledJournal):
         spool_max_bytes: int = 1 << 30,
         spool_full: str = "refuse",
         fsync: bool = False,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        """``timeout_s`` (journal.redis_timeout_s): the longest a write (one MULTI/EXEC) or a
+        connect may take before Redis counts as unreachable and records go to the spool."""
         super().__init__(
             max_group,
             spool_dir=spool_dir,
@@ -108,6 +113,7 @@ class RedisJournal(SpooledJournal):
         self.url = url
         self.stream = stream
         self.maxlen = maxlen
+        self.timeout_s = timeout_s
         self._redis: aioredis.Redis | None = None
         self._conn: AbstractConnection | None = None  # the writer's own connection
         self._heads: dict[tuple[bool, bool], bytes] = {}  # (directives?, tagged?) -> XADD head
@@ -124,7 +130,7 @@ class RedisJournal(SpooledJournal):
         # No retries inside redis-py: a write retried after a lost reply would be applied
         # twice. The writer retries, after reading back what Redis holds.
         self._redis = aioredis.Redis.from_url(
-            self.url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S, retry=Retry(NoBackoff(), 0)
+            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0)
         )
         encoder = self._redis.connection_pool.get_encoder()
         self._keys = (encoder.encode(self.stream), encoder.encode(directives_key(self.stream)))
@@ -179,7 +185,7 @@ class RedisJournal(SpooledJournal):
         try:
             # One deadline for the whole exchange, not a timer per reply: the writer's
             # connection has no socket timeout of its own.
-            async with asyncio.timeout(SOCKET_TIMEOUT_S):
+            async with asyncio.timeout(self.timeout_s):
                 await conn.send_packed_command(buffer)
                 for _ in range(commands + 1):
                     await conn.read_response()  # +OK to MULTI, then +QUEUED for each command
@@ -189,7 +195,7 @@ class RedisJournal(SpooledJournal):
         except TimeoutError as exc:
             await self._discard_writer_connection()
             raise redis.TimeoutError(
-                f"no complete answer from Redis within {SOCKET_TIMEOUT_S}s to a transaction of {commands} commands"
+                f"no complete answer from Redis within {self.timeout_s}s (journal.redis_timeout_s) to a transaction of {commands} commands"
             ) from exc
         except BaseException:
             await self._discard_writer_connection()

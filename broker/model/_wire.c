@@ -72,8 +72,9 @@ static const msgdef M_EVENT = {
     {F_NONE, F_VARINT, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG},
     {NULL, NULL, &M_ALLOCATED, &M_ACCESSED, &M_UPDATED, &M_IDS, &M_IDS, &M_EMPTY, &M_ACKED},
 };
-/* IntentBatch: 1 client_id, 2 batch_seq, 3 events (repeated, scanned by the caller), 4 tenant */
-static const msgdef M_BATCH = {4, 0, 0, {F_NONE, F_STR, F_VARINT, F_NONE, F_STR}, {0}};
+/* IntentBatch: 1 client_id, 2 batch_seq, 3 events (repeated, scanned by the caller), 4 tenant,
+ * 5 broker_received_us */
+static const msgdef M_BATCH = {5, 0, 0, {F_NONE, F_STR, F_VARINT, F_NONE, F_STR, F_VARINT}, {0}};
 
 /* ---- wire primitives -------------------------------------------------------------------- */
 
@@ -557,6 +558,7 @@ typedef struct {
     PyObject *client_id; /* str */
     PyObject *tenant;    /* str */
     PyObject *batch_seq; /* int */
+    PyObject *received_us; /* int */
     Py_ssize_t count;    /* events */
     Py_ssize_t *spans;   /* start and length of each event, in raw */
 } Reader;
@@ -576,6 +578,7 @@ static void reader_dealloc(Reader *self) {
     Py_XDECREF(self->client_id);
     Py_XDECREF(self->tenant);
     Py_XDECREF(self->batch_seq);
+    Py_XDECREF(self->received_us);
     PyMem_Free(self->spans);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -589,7 +592,7 @@ static int unsupported(void) {
 static int reader_scan(Reader *self) {
     const uint8_t *base = (const uint8_t *)PyBytes_AS_STRING(self->raw);
     const uint8_t *p = base, *end = base + PyBytes_GET_SIZE(self->raw);
-    slot_t top[5];
+    slot_t top[6];
     memset(top, 0, sizeof top);
     Py_ssize_t cap = 0;
     while (p < end) {
@@ -634,7 +637,8 @@ static int reader_scan(Reader *self) {
     self->client_id = str_of(&top[1]);
     self->batch_seq = u64_of(&top[2]);
     self->tenant = str_of(&top[4]);
-    if (self->client_id == NULL || self->batch_seq == NULL || self->tenant == NULL) return -1;
+    self->received_us = u64_of(&top[5]);
+    if (self->client_id == NULL || self->batch_seq == NULL || self->tenant == NULL || self->received_us == NULL) return -1;
     return 0;
 }
 
@@ -691,6 +695,7 @@ static PyMemberDef reader_members[] = {
     {"client_id", T_OBJECT_EX, offsetof(Reader, client_id), READONLY, "IntentBatch.client_id"},
     {"batch_seq", T_OBJECT_EX, offsetof(Reader, batch_seq), READONLY, "IntentBatch.batch_seq"},
     {"tenant", T_OBJECT_EX, offsetof(Reader, tenant), READONLY, "IntentBatch.tenant"},
+    {"received_us", T_OBJECT_EX, offsetof(Reader, received_us), READONLY, "IntentBatch.broker_received_us"},
     {"count", T_PYSSIZET, offsetof(Reader, count), READONLY, "number of events"},
     {"raw", T_OBJECT_EX, offsetof(Reader, raw), READONLY, "the serialized IntentBatch"},
     {NULL},

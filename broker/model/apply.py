@@ -147,6 +147,10 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     # Declared: the reader is a protocol, and compiled, an event of unknown type was indexed
     # by a generic getitem (ev[0], ev[1]), a tuple is indexed directly.
     ev: tuple[Any, ...]
+    # limits.max_clock_skew_us, against the time the broker received the batch (0: a batch
+    # the broker did not stamp, such as an imported trace: no bound).
+    received: int = reader.received_us
+    skew: int = core.config.max_clock_skew_us if received else 0
     try:
         for ev in reader.events(core.blocks):
             clock.event_index += 1
@@ -157,28 +161,33 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
                 ts_us: int = ev[1]
                 if ts_us < 0:
                     raise EventError("ts_us", f"must be >= 0, got {ts_us}")
-                if ts_us > clock.now_us:  # (advance checks it too; most events share a time)
-                    core.advance(ts_us)
+                # Each event is validated before it moves the clock (``_at``): a rejected
+                # event leaves time where it was.
+                if ts_us > clock.now_us and skew:
+                    _check_skew(core, ts_us, received, skew, tenant)
                 if kind == ACCESSED:
-                    _accessed(core, ev, tenant)
+                    _accessed(core, ev, tenant, ts_us, received)
                     accessed += 1
                 elif kind == UPDATED:
-                    _intent_updated(core, ev, tenant)
+                    _intent_updated(core, ev, tenant, ts_us, received)
                     updated += 1
                 elif kind == ALLOCATED:
-                    _allocated(core, ev, client, tenant)
+                    _allocated(core, ev, client, tenant, ts_us, received)
                     allocated += 1
                 elif kind == RELEASED:
-                    core.release(_own(_blocks(core, ev[2], ev[3], "released.block_ids"), tenant, "released.block_ids"))
+                    blocks = _own(_blocks(core, ev[2], ev[3], "released.block_ids"), tenant, "released.block_ids")
+                    _at(core, ts_us, received, tenant)
+                    core.release(blocks)
                     released += 1
                 elif kind == FREED:
-                    _freed(core, ev, tenant)
+                    _freed(core, ev, tenant, ts_us, received)
                     freed += 1
                 elif kind == CLEARED:
+                    _at(core, ts_us, received, tenant)
                     _cleared(core, client)
                     cleared += 1
                 else:
-                    _acked(core, ev, tenant)
+                    _acked(core, ev, tenant, ts_us, received)
                     acked += 1
             except EventError as exc:
                 name = KIND_NAMES[kind]
@@ -194,6 +203,42 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     core.stats.rejected_events += len(rejections)
     core.run_prefetch()
     return BatchOutcome(core.take_directives(), rejections, index - len(rejections))
+
+
+def _check_skew(core: Core, ts_us: int, received: int, skew: int, tenant: str) -> None:
+    """Refuse an event whose time runs more than ``skew`` ahead of its tenant's pace.
+
+    Time is one clock per broker (every policy orders every tenant's blocks against it),
+    and only events move it. What bounds a jump is the broker's receive time, stamped in
+    each batch it journals: a tenant's events keep the least lead over it they have shown
+    (``Core.time_anchor``), and may run at most ``skew`` beyond that. A tenant's first
+    event is held to the least anchor of any tenant (the first event of all sets it).
+    Deterministic: replay reads the same stamps."""
+    anchors = core.time_anchor
+    anchor = anchors.get(tenant)
+    if anchor is None:
+        if not anchors:
+            return
+        anchor = min(anchors.values())
+    ahead = ts_us - received - anchor
+    if ahead > skew:
+        raise EventError(
+            "ts_us",
+            f"{ts_us} runs {ahead} us ahead of the broker's clock, over limits.max_clock_skew_us = {skew}; "
+            "event time must follow the time the events happen (one clock per broker)",
+        )
+
+
+def _at(core: Core, ts_us: int, received: int, tenant: str) -> None:
+    """An event that passed its checks happens at ``ts_us``: move the clock there (never
+    back), and learn its tenant's lead over the broker's receive time."""
+    if ts_us > core.clock.now_us:
+        if received:
+            lead = ts_us - received
+            anchor = core.time_anchor.get(tenant)
+            if anchor is None or lead < anchor:
+                core.time_anchor[tenant] = lead
+        core.advance(ts_us)
 
 
 def _non_negative(value: int | None, field: str) -> int | None:
@@ -291,7 +336,7 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
     return untrack(block)
 
 
-def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str) -> None:
+def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: int, received: int) -> None:
     intent_tenant: str = ev[A_TENANT]
     if tenant and intent_tenant and intent_tenant != tenant:
         raise EventError("allocated.intent.tenant", "must be empty or the stream's tenant", "PERMISSION_DENIED")
@@ -306,6 +351,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str) -> Non
     reuse: bool = ev[A_REUSE]
     counts = tenant_counts(core)
     if counts is None:
+        _at(core, ts_us, received, tenant)
         core.allocate(block, t, reuse=reuse)
         return
     # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
@@ -314,6 +360,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str) -> Non
         refusal = tenant_full(counts, block.tenant, core.config.max_blocks_per_tenant)
         if refusal is not None:
             raise EventError("allocated.intent.tenant", refusal, "RESOURCE_EXHAUSTED")
+    _at(core, ts_us, received, tenant)
     core.allocate(block, t, reuse=reuse)
     after = core.blocks[block.block_id].tenant
     if before != after:
@@ -348,15 +395,19 @@ def _own(blocks: list[Block], tenant: str, field: str) -> list[Block]:
     return blocks
 
 
-def _accessed(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+def _accessed(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
     next_use: int | None = ev[2]
     if next_use is not None and next_use < 0:
         raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
     blocks = _blocks(core, ev[3], ev[4], "accessed.block_ids")
-    core.access(_own(blocks, tenant, "accessed.block_ids") if tenant else blocks, next_use)
+    if tenant:
+        _own(blocks, tenant, "accessed.block_ids")
+    if ts_us > core.clock.now_us:
+        _at(core, ts_us, received, tenant)
+    core.access(blocks, next_use)
 
 
-def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
     block_id: str = ev[U_BLOCK_ID]
     if not block_id:
         raise EventError("intent_updated.block_id", "required, a non-empty string")
@@ -377,6 +428,7 @@ def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
     request_priority: int | None = ev[U_REQUEST_PRIORITY]
     if request_priority is not None and request_priority > 100:
         raise EventError("intent_updated.request_priority", f"must be in 0..100, got {request_priority}")
+    _at(core, ts_us, received, tenant)
     was_pinned = block.pinned
     old_deadline = block.deadline_us
     if priority is not None:
@@ -413,8 +465,9 @@ def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
     core.updated(block, was_pinned, old_deadline)
 
 
-def _freed(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+def _freed(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
     blocks = _own(_blocks(core, ev[2], ev[3], "freed.block_ids"), tenant, "freed.block_ids")
+    _at(core, ts_us, received, tenant)
     counts = tenant_counts(core)
     core.free(blocks)
     if counts is not None:
@@ -435,7 +488,7 @@ def _cleared(core: Core, client: str) -> None:
         _uncount(counts, gone)
 
 
-def _acked(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
+def _acked(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
     directive_id: int = ev[2]
     status: int = ev[3]
     if tenant:
@@ -444,9 +497,12 @@ def _acked(core: Core, ev: tuple[Any, ...], tenant: str) -> None:
         if block is not None and block.tenant != tenant:
             raise EventError("acked.directive_id", "the directive is for a block of another tenant", "PERMISSION_DENIED")
     if status == _ACK_DONE:
-        core.ack(directive_id, True, DROPPED)
+        actual = DROPPED
     elif status == _ACK_FAILED:
         actual = core.resolve_tier(ev[4], "acked.actual_tier", empty=DROPPED)
-        core.ack(directive_id, False, actual)
     else:
         raise EventError("acked.status", f"must be ACK_STATUS_DONE or ACK_STATUS_FAILED, got {status}")
+    if directive_id not in core.outstanding:  # core.ack's own check, before the clock moves
+        raise EventError("acked.directive_id", f"unknown or already acknowledged directive {directive_id}", "FAILED_PRECONDITION")
+    _at(core, ts_us, received, tenant)
+    core.ack(directive_id, status == _ACK_DONE, actual)

@@ -161,6 +161,23 @@ class RequestBlocks:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
+class OwnedBlocks:
+    """The ids of the blocks one client owns (``Core.by_owner``), so that its ``cleared``
+    costs its own blocks, not a scan of every tenant's.
+
+    Lazy deletion, as RequestBlocks: ``ids`` holds every live block of the owner at least
+    once, in the order it came to own them, and may hold ids that left (freed, or taken by
+    another owner in a prefix reuse); ``live`` counts the owner's live blocks, and ``ids``
+    is compacted when it grows past twice that (amortised O(1) per block)."""
+
+    __slots__ = ("ids", "live")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = untrack([])
+        self.live = 0
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class Core:
     """Residency state plus one policy instance per tier."""
 
@@ -185,7 +202,11 @@ class Core:
         self.tier_index = {t.name: t.index for t in self.tiers}
         self.blocks: dict[str, Block] = {}
         self.by_request: dict[str, RequestBlocks] = {}
+        self.by_owner: dict[str, OwnedBlocks] = {}
         self.client_seq: dict[str, int] = {}
+        # limits.max_clock_skew_us: per tenant, the least (ts_us - received_us) of its events
+        # that moved the clock; an event may run at most the skew ahead of its tenant's.
+        self.time_anchor: dict[str, int] = {}
         # Blocks per tenant while limits.max_blocks_per_tenant is set (broker.service.limits keeps it).
         self.tenant_blocks: dict[str, int] | None = None
         self.stats = CoreStats(len(self.tiers))
@@ -472,6 +493,7 @@ class Core:
         block.pinned = wants_pin(block)
         self.blocks[block.block_id] = block
         self._index_request(block)
+        self._index_owner(block)
         self._attach(block, t)
         self._link(block)
         self.stats.allocated_bytes += block.size
@@ -480,6 +502,7 @@ class Core:
         """Prefix reuse: a cached block gets a new owner and intent, and counts as an access."""
         was_pinned = block.pinned
         old_request = block.request_id
+        old_owner = block.owner
         relink = block.parent_id != intent.parent_id
         if relink:
             self._unlink(block)
@@ -489,6 +512,9 @@ class Core:
         if block.request_id != old_request:
             self._unindex_request(old_request)
             self._index_request(block)
+        if block.owner != old_owner:
+            self._unindex_owner(old_owner)
+            self._index_owner(block)
         block.released = False
         block.refs = 1
         self._repin(block, was_pinned)
@@ -735,13 +761,24 @@ class Core:
             self._detach(block)
             self._unlink(block)
             self._unindex_request(block.request_id)
+            self._unindex_owner(block.owner)
             block.heap_version += 1
 
     def clear(self, owner: str) -> list[Block]:
-        """The client dropped every block it had (engine restart); returns them."""
-        mine = [b for b in self.blocks.values() if b.owner == owner]
+        """The client dropped every block it had (engine restart); returns them, in the
+        order it came to own them. O(the client's blocks), whatever other clients hold."""
+        entry = self.by_owner.get(owner)
+        if entry is None:
+            return []
+        mine = [self.blocks[b] for b in self._owner_members(owner, entry.ids)]
+        del self.by_owner[owner]  # every one goes: no need to unindex (and compact) one by one
         self.free(mine)
         return mine
+
+    def owned(self, owner: str) -> int:
+        """How many live blocks ``owner`` holds (what its ``cleared`` would free)."""
+        entry = self.by_owner.get(owner)
+        return entry.live if entry is not None else 0
 
     def ack(self, directive_id: int, done: bool, actual: int) -> None:
         """A directive was carried out, or failed with the block really in tier ``actual``."""
@@ -810,6 +847,30 @@ class Core:
             del self.by_request[request_id]
         elif len(entry.ids) > 2 * entry.live:
             entry.ids = untrack(self._request_members(request_id, entry.ids))
+
+    def _index_owner(self, block: Block) -> None:
+        """A live block came to ``block.owner`` (allocated, or taken by a prefix reuse)."""
+        entry = self.by_owner.get(block.owner)
+        if entry is None:
+            entry = self.by_owner[block.owner] = untrack(OwnedBlocks())
+        entry.ids.append(block.block_id)
+        entry.live += 1
+
+    def _unindex_owner(self, owner: str) -> None:
+        """A block left ``owner`` (called once it is out of ``blocks`` or has its new owner)."""
+        entry = self.by_owner.get(owner)
+        if entry is None:
+            return
+        entry.live -= 1
+        if not entry.live:
+            del self.by_owner[owner]
+        elif len(entry.ids) > 2 * entry.live:
+            entry.ids = untrack(self._owner_members(owner, entry.ids))
+
+    def _owner_members(self, owner: str, ids: list[str]) -> list[str]:
+        """The ids of ``ids`` that are live blocks of ``owner``, each once, in order."""
+        blocks = self.blocks
+        return [b for b in dict.fromkeys(ids) if (block := blocks.get(b)) is not None and block.owner == owner]
 
     def _request_members(self, request_id: str, ids: list[str]) -> list[str]:
         """The ids of ``ids`` that are live blocks of the request, each once."""

@@ -121,6 +121,8 @@ class BatchReader(Protocol):
     client_id: str
     batch_seq: int
     tenant: str
+    # IntentBatch.broker_received_us: when the broker received the batch (0: not stamped).
+    received_us: int
     count: int
 
     def events(self, blocks: dict[str, Any] | None = None) -> Iterator[tuple[Any, ...]]: ...
@@ -216,6 +218,7 @@ class ReferenceReader:
         self.client_id = batch.client_id
         self.batch_seq = batch.batch_seq
         self.tenant = batch.tenant
+        self.received_us = batch.broker_received_us
         self.count = len(batch.events)
 
     def events(self, blocks: dict[str, Any] | None = None) -> Iterator[tuple[Any, ...]]:
@@ -236,6 +239,12 @@ def varint(value: int) -> bytes:
 def length_delimited(key: bytes, body: bytes) -> bytes:
     """One length-delimited field on the wire: its key byte(s), the length, ``body``."""
     return key + varint(len(body)) + body
+
+
+def received_field(received_us: int) -> bytes:
+    """``IntentBatch.broker_received_us`` (field 5, varint) on the wire: the broker appends it
+    to each batch it receives (the last value of a scalar field wins)."""
+    return b"\x28" + varint(received_us)
 
 
 def read_batch(batch: bytes | pb.IntentBatch) -> BatchReader:

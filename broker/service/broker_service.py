@@ -174,6 +174,11 @@ class BrokerService:
         self.ack_after_journal = config.journal.ack_after == "journal"
         self.streams = 0
         self.reloads = 0
+        # Batches refused whole by the servicer (limits, tenant, journal), by reason.
+        self.refused_batches: dict[str, int] = {}
+        # Set by the servicer: streams refused at open by reason, and ended by a revoked token.
+        self.refused_streams: dict[str, int] = {}
+        self.revoked_streams = 0
         if first is None or config.core != self.core_config:
             generation = self.generation + 1 if first is not None else self.generation
             self._follow(config.core, generation, force=first is None)
@@ -301,6 +306,8 @@ class BrokerService:
             last_batch_seq=core.client_seq.get(client_key(tenant, hello.client_id), 0),
             policy=core.policy_name,
             config_generation=self.generation,
+            max_events_per_batch=self.config.limits.max_events_per_batch,
+            max_batch_seq_gap=self.config.limits.max_batch_seq_gap,
         )
 
     def submit(self, batch: BatchReader, raw: bytes) -> tuple[Answer, int]:
@@ -412,5 +419,10 @@ class BrokerService:
             journal_dropped=self.journal.dropped,
             journal=self.journal.description,
             clients=self.streams,
+            outstanding_directives=sum(len(c.outstanding) for c in cores),
+            max_outstanding_directives=self.core_config.max_outstanding_directives,
+            refused_batches=self.refused_batches,
+            refused_streams=self.refused_streams,
+            revoked_streams=self.revoked_streams,
             arms=[arm_stats(key.partition(":")[2] or core.policy_name, role, core) for key, (role, core) in self.arm_cores().items()],
         )

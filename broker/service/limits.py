@@ -15,17 +15,83 @@ The ``[limits]`` table, each breach refused with the limit named:
   from the core's own state, and the limit is part of ``CoreConfig`` (journaled in CONFIG
   records), so replay and crash recovery refuse exactly the allocations the live broker did.
 
-A limit of 0 means unlimited (``max_message_bytes`` excepted).
+- ``max_streams``: open streams of the whole broker; ``max_rss_bytes``: new streams are
+  refused while the broker's resident memory is above it. Both RESOURCE_EXHAUSTED at open.
+- ``max_batch_seq_gap``: a batch_seq more than this past the client's last applied one is
+  refused whole (INVALID_ARGUMENT, field ``batch_seq``); the client resends with the next one.
+- ``max_batch_work``: a batch asking more block operations than this (``batch_work``) is
+  refused whole (RESOURCE_EXHAUSTED, field ``events``), so that no stream waits long for
+  another's batch: apply runs on the one event loop that serves every stream.
+- ``max_clock_skew_us`` and ``max_outstanding_directives`` are the core's (CoreConfig).
+
+A limit of 0 means unlimited (``max_message_bytes`` excepted). docs/failure-semantics.md
+lists them with their defaults.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Iterable
+from typing import Any
 
 from broker.config.limits import LimitsConfig
+from broker.model.wire import CLEARED
 
-if TYPE_CHECKING:
-    pass
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+# An event: its own cost, plus one per block id it names.
+_IDS_AT = {3: 4, 5: 3, 6: 3}  # accessed: ev[4] ids / ev[3] blocks; released, freed: ev[3] / ev[2]
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def batch_work(events: Iterable[tuple[Any, ...]], owned: int) -> int:
+    """Block operations a batch asks for: one per event, one per block id it names, and
+    for its first ``cleared`` the ``owned`` blocks the client holds (plus what the batch
+    allocated before it; a later ``cleared`` frees only what came since)."""
+    work = 0
+    held = owned
+    for ev in events:
+        kind = ev[0]
+        work += 1
+        if kind == CLEARED:
+            work += held
+            held = 0
+        elif kind == 2:  # allocated
+            held += 1
+        else:
+            at = _IDS_AT.get(kind)
+            if at is not None:
+                named = ev[at - 1] if ev[at - 1] is not None else ev[at]
+                work += len(named) if named is not None else 0
+    return work
+
+
+def work_refusal(work: int, limits: LimitsConfig) -> str | None:
+    limit = limits.max_batch_work
+    if limit and work > limit:
+        return (
+            f"the batch asks {work} block operations, over limits.max_batch_work = {limit} "
+            "(one per event, one per block id named, one per block a cleared frees); send it in smaller batches"
+        )
+    return None
+
+
+def seq_refusal(batch_seq: int, last: int, limits: LimitsConfig) -> str | None:
+    """Why a batch_seq is refused (a jump past the gap), or None."""
+    gap = limits.max_batch_seq_gap
+    if gap and batch_seq > last + gap:
+        return (
+            f"{batch_seq} jumps past the last applied batch_seq {last} by more than limits.max_batch_seq_gap = {gap}; "
+            f"number batches from the hello's last_batch_seq + 1 (next: {last + 1})"
+        )
+    return None
 
 
 def events_refusal(events: int, limits: LimitsConfig) -> str | None:
@@ -41,17 +107,35 @@ class StreamCounts:
 
     def __init__(self) -> None:
         self.open: dict[tuple[str, str], int] = {}
+        self.total = 0
+        # Streams refused at open, by the limit that refused them (GetStats refused_streams).
+        self.refused: dict[str, int] = {}
 
     def enter(self, key: tuple[str, str], limits: LimitsConfig) -> str | None:
-        """Count one more stream of ``key``; or, over the limit, count nothing and say why."""
+        """Count one more stream of ``key``; or, over a limit, count nothing and say why."""
+        why, reason = self._refusal(key, limits)
+        if why is not None:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+            return why
+        self.open[key] = self.open.get(key, 0) + 1
+        self.total += 1
+        return None
+
+    def _refusal(self, key: tuple[str, str], limits: LimitsConfig) -> tuple[str | None, str]:
         n = self.open.get(key, 0)
         limit = limits.max_streams_per_client
         if limit and n >= limit:
-            return f"client {key[1]!r} already has {n} open streams, limits.max_streams_per_client = {limit}"
-        self.open[key] = n + 1
-        return None
+            return f"client {key[1]!r} already has {n} open streams, limits.max_streams_per_client = {limit}", "max_streams_per_client"
+        if limits.max_streams and self.total >= limits.max_streams:
+            return f"the broker has {self.total} open streams, limits.max_streams = {limits.max_streams}", "max_streams"
+        if limits.max_rss_bytes:
+            rss = rss_bytes()
+            if rss > limits.max_rss_bytes:
+                return f"the broker holds {rss} bytes of memory, over limits.max_rss_bytes = {limits.max_rss_bytes}", "max_rss_bytes"
+        return None, ""
 
     def leave(self, key: tuple[str, str]) -> None:
+        self.total -= 1
         n = self.open.get(key, 0) - 1
         if n > 0:
             self.open[key] = n

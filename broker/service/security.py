@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from broker.config.security import REFRESH_S, Identity, SecurityConfig, load_tokens, tls_material, token_digest
+from broker.config.security import REFRESH_S, Identity, SecurityConfig, env_tokens, load_tokens, tls_material, token_digest
 from broker.model.wire import length_delimited
 
 if TYPE_CHECKING:
@@ -71,6 +71,8 @@ class Tokens:
         self._next_check = clock() + REFRESH_S
         self.reloads = 0
         self.reload_errors = 0
+        # Bumped whenever the table changes: open streams check their token again then.
+        self.generation = 0
 
     def _file_signature(self) -> tuple[int, int, int] | None:
         if not self.config.tokens_file:
@@ -85,9 +87,20 @@ class Tokens:
         """Read the tokens again if the file changed (mtime, size or inode: editors and
         Kubernetes secret updates replace it); a table that fails to load is not taken."""
         signature = self._file_signature()
-        if signature is None or signature == self._signature:
+        if signature == self._signature:
             return
         self._signature = signature
+        if signature is None:
+            # The file is gone: its tokens are revoked (keeping the old table would make
+            # deleting the file a revocation that does nothing). tokens_env's stay.
+            try:
+                self.table = env_tokens(self.config)
+            except ValueError:  # the variable is gone too: nothing is left
+                self.table = {}
+            self.reloads += 1
+            self.generation += 1
+            log.warning("tokens file %s is gone: its tokens are revoked (%s in force)", self.config.tokens_file, describe_table(self.table))
+            return
         try:
             table = load_tokens(self.config)
         except ValueError as exc:  # ConfigError
@@ -96,14 +109,19 @@ class Tokens:
             return
         self.table = table
         self.reloads += 1
+        self.generation += 1
         log.info("tokens reloaded from %s: %s", self.config.tokens_file, describe_table(table))
 
-    def lookup(self, token: str) -> Identity | None:
+    def maybe_refresh(self) -> None:
+        """``refresh`` at most every REFRESH_S (what each lookup does)."""
         if self.config.tokens_file:
             now = self._clock()
             if now >= self._next_check:
                 self._next_check = now + REFRESH_S
                 self.refresh()
+
+    def lookup(self, token: str) -> Identity | None:
+        self.maybe_refresh()
         return self.table.get(token_digest(token))
 
 
@@ -188,11 +206,50 @@ class TenantError(Exception):
     """A stream or call asked for a tenant its token does not allow."""
 
 
+class Revoked:
+    """A stream's token was revoked while it was open (the reason, for UNAUTHENTICATED)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class Grant:
+    """The token an open stream was let in with, checked again whenever the tokens change
+    (at most once a second; a deleted tokens file revokes every token it held)."""
+
+    def __init__(self, tokens: Tokens, token: str | None, identity: Identity | None) -> None:
+        self.tokens = tokens
+        self.digest = token_digest(token) if token is not None else ""
+        self.identity = identity
+        self.generation = tokens.generation
+
+    def revoked(self) -> str | None:
+        """Why the stream may not go on, or None (O(1) while the tokens are unchanged)."""
+        tokens = self.tokens
+        tokens.maybe_refresh()
+        if tokens.generation == self.generation:
+            return None
+        self.generation = tokens.generation
+        now = tokens.table.get(self.digest)
+        if now is None:
+            return "bearer token revoked while the stream was open"
+        if self.identity is not None and (now.tenant, now.admin) != (self.identity.tenant, self.identity.admin):
+            return "bearer token now maps to another tenant or role; open a new stream"
+        return None
+
+
 class Access:
     """What the servicer asks about a call: who it is, and which tenant it acts for."""
 
     def __init__(self, tokens: Tokens) -> None:
         self.tokens = tokens
+
+    def grant(self, context: grpc.aio.ServicerContext) -> Grant:
+        """The stream's token, to check again as the tokens change."""
+        token = bearer_token(context.invocation_metadata())
+        return Grant(self.tokens, token, self.tokens.table.get(token_digest(token)) if token is not None else None)
 
     def identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
         """The caller (the interceptor already refused calls without a known token)."""

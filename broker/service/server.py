@@ -14,25 +14,30 @@ import gc
 import logging
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, ConfigError
 from broker.config.limits import DEFAULT_MAX_MESSAGE_BYTES
+from broker.config.settings import check_listen
 from broker.journal import Journal, JournalError, JournalRecord, JournalSource, open_journal
 from broker.journal.base import NullJournal
 from broker.journal.redis_stream import RedisJournal, stream_exists
-from broker.model.wire import BatchReader, length_delimited, read_batch
+from broker.model.apply import client_key
+from broker.model.wire import BatchReader, length_delimited, read_batch, received_field
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
 from broker.service.broker_service import Answer, BrokerService, VersionError
-from broker.service.limits import StreamCounts, events_refusal
+from broker.service.limits import StreamCounts, batch_work, events_refusal, seq_refusal, work_refusal
 from broker.service.security import (
     Access,
     AuthInterceptor,
+    Grant,
     Identity,
+    Revoked,
     TenantError,
     Tokens,
     describe_table,
@@ -110,6 +115,12 @@ def sole_batch(raw: bytes) -> bytes | None:
     return raw[pos:] if pos + length == len(raw) else None
 
 
+def stamped(payload: bytes) -> bytes:
+    """The batch with the time the broker received it (IntentBatch.broker_received_us), as
+    it is applied and journaled: the core bounds event time by it (max_clock_skew_us)."""
+    return payload + received_field(time.time_ns() // 1000)
+
+
 def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> Answer:
     out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
     if batch is not None:
@@ -124,6 +135,7 @@ class BrokerServicer:
         self.service = service
         self.access = access
         self.stream_counts = StreamCounts()
+        service.refused_streams = self.stream_counts.refused  # reported by GetStats
 
     def _identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
         return self.access.identity(context) if self.access is not None else None
@@ -149,7 +161,7 @@ class BrokerServicer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
         tenant = await self._tenant(context, opening.hello)
         try:
-            reply = service.hello(opening.hello, tenant)
+            reply = service.hello(opening.hello, self._resume_tenant(tenant, opening.hello))
         except VersionError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         client_id = opening.hello.client_id
@@ -160,15 +172,28 @@ class BrokerServicer:
         try:
             yield spb.StreamResponse(hello=reply)
             service.streams += 1
+            grant = self.access.grant(context) if self.access is not None else None
             try:
-                async for answer in self._answers(requests, client_id, tenant):
+                async for answer in self._answers(requests, client_id, tenant, grant):
+                    if isinstance(answer, Revoked):
+                        service.revoked_streams += 1
+                        await context.abort(grpc.StatusCode.UNAUTHENTICATED, answer.reason)
+                        return  # not reached: abort raises
                     yield answer  # a StreamResponse's directives (stream_response_bytes)
             finally:
                 service.streams -= 1
         finally:
             self.stream_counts.leave(key)
 
-    async def _answers(self, requests: AsyncIterator[bytes], client_id: str, tenant: str) -> AsyncIterator[Answer]:
+    def _resume_tenant(self, tenant: str, hello: spb.Hello) -> str:
+        """The tenant whose batch_seq the hello reply reports. Without authentication the
+        broker applies batches with the tenant they carry, so the client's hello.tenant
+        names it (with tokens, the stream's tenant does)."""
+        return tenant if self.access is not None else hello.tenant
+
+    async def _answers(
+        self, requests: AsyncIterator[bytes], client_id: str, tenant: str, grant: Grant | None = None
+    ) -> AsyncIterator[Answer | Revoked]:
         """The stream's batches, each applied as it arrives and answered in order once
         journaled.
 
@@ -179,14 +204,23 @@ class BrokerServicer:
         still leaves only when its batch is durable (ack_after = "journal"), so what a
         client saw acknowledged survives a crash. At most ``STREAM_PIPELINE`` batches wait
         for their answers; then the reader stops reading (gRPC flow control pushes back).
+
+        ``grant``: the stream's bearer token, checked again before each batch once the
+        tokens change; a revoked one ends the stream (a ``Revoked`` comes out last, after
+        the answers of the batches taken before).
         """
         journal = self.service.journal
-        answers: asyncio.Queue[tuple[Answer, int] | BaseException | None] = asyncio.Queue()
+        answers: asyncio.Queue[tuple[Answer, int] | BaseException | Revoked | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_PIPELINE)
 
         async def read() -> None:
             try:
                 async for raw in requests:
+                    if grant is not None:
+                        revoked = grant.revoked()
+                        if revoked is not None:
+                            answers.put_nowait(Revoked(revoked))
+                            return
                     answers.put_nowait(self._accept_streamed(raw, client_id, tenant))
                     await room.acquire()
             except BaseException as exc:  # the client went away, or a bug: the answerer raises it
@@ -199,6 +233,9 @@ class BrokerServicer:
             while True:
                 item = await answers.get()
                 if item is None:
+                    return
+                if isinstance(item, Revoked):
+                    yield item
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -216,44 +253,75 @@ class BrokerServicer:
             try:
                 request = spb.StreamRequest.FromString(raw)
             except DecodeError as exc:
-                return _batch_error("batch", f"malformed StreamRequest: {exc}"), 0
-            if request.WhichOneof("kind") != "batch":
-                return _batch_error("hello", "hello already received on this stream; send batches"), 0
+                return self._refused(_batch_error("batch", f"malformed StreamRequest: {exc}"), "malformed")
+            kind = request.WhichOneof("kind")
+            if kind is None:
+                return self._refused(
+                    _batch_error("batch", "empty StreamRequest: neither hello nor batch is set; send a batch"), "malformed"
+                )
+            if kind != "batch":
+                return self._refused(_batch_error("hello", "hello already received on this stream; send batches"), "malformed")
             payload = field_slice(raw, 2)
             if payload is None:
                 payload = request.batch.SerializeToString()
+        payload = stamped(payload)
         try:
             batch = read_batch(payload)
         except DecodeError as exc:
-            return _batch_error("batch", f"malformed StreamRequest: {exc}"), 0
+            return self._refused(_batch_error("batch", f"malformed StreamRequest: {exc}"), "malformed")
         if batch.client_id != client_id:
             mismatch = f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}"
-            return _batch_error("client_id", mismatch, batch=batch), 0
+            return self._refused(_batch_error("client_id", mismatch, batch=batch), "client_id")
         return self._accept(batch, payload, tenant)
+
+    def _refused(self, answer: Answer, reason: str) -> tuple[Answer, int]:
+        """A batch refused whole (not applied, not journaled), counted by reason."""
+        refused = self.service.refused_batches
+        refused[reason] = refused.get(reason, 0) + 1
+        return answer, 0
 
     def _accept(self, batch: BatchReader, payload: bytes, tenant: str) -> tuple[Answer, int]:
         """Limits and the tenant, then the service: a refused batch is not applied or
-        journaled. ``batch`` is ``payload`` read (broker.model.wire). Returns the answer and the
-        journal ordinal it must wait for (0: none)."""
-        refusal = events_refusal(batch.count, self.service.config.limits)
+        journaled. ``batch`` is ``payload`` read (broker.model.wire), stamped with the time
+        the broker received it. Returns the answer and the journal ordinal it must wait for
+        (0: none)."""
+        service = self.service
+        limits = service.config.limits
+        refusal = events_refusal(batch.count, limits)
         if refusal is not None:
-            return _batch_error("events", refusal, batch=batch), 0
+            return self._refused(_batch_error("events", refusal, batch=batch), "events")
         if tenant and batch.tenant != tenant:
             if batch.tenant:
                 wrong = f"{batch.tenant!r} is not the stream's tenant (leave it empty)"
-                return _batch_error("tenant", wrong, "PERMISSION_DENIED", batch), 0
+                return self._refused(_batch_error("tenant", wrong, "PERMISSION_DENIED", batch), "tenant")
             payload += tenant_field(tenant)  # journaled with the batch: replay checks the same tenant
             batch = read_batch(payload)
-        refusal = self.service.journal.refusal(len(payload))
+        key = client_key(batch.tenant, batch.client_id)
+        core = service.core_for(batch.client_id)
+        last = core.client_seq.get(key, 0)
+        if batch.batch_seq > last:  # (a duplicate is answered as one by the core)
+            refusal = seq_refusal(batch.batch_seq, last, limits)
+            if refusal is not None:
+                return self._refused(_batch_error("batch_seq", refusal, batch=batch), "batch_seq")
+            if limits.max_batch_work:
+                # Cheap bound first: every block id costs at least 2 bytes on the wire.
+                owned = core.owned(key)
+                if batch.count + len(payload) // 2 + owned > limits.max_batch_work:
+                    refusal = work_refusal(batch_work(batch.events(None), owned), limits)
+                    if refusal is not None:
+                        return self._refused(_batch_error("events", refusal, "RESOURCE_EXHAUSTED", batch), "work")
+        refusal = service.journal.refusal(len(payload))
         if refusal is not None:  # Redis down and the spool full (journal.spool_full = "refuse")
-            return _batch_error("journal", refusal, "UNAVAILABLE", batch), 0
-        return self.service.submit(batch, payload)
+            return self._refused(_batch_error("journal", refusal, "UNAVAILABLE", batch), "journal")
+        return service.submit(batch, payload)
 
     async def Submit(self, raw: bytes, context: grpc.aio.ServicerContext) -> Answer:
         try:
             request = spb.SubmitRequest.FromString(raw)
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed SubmitRequest: {exc}")
+        if not request.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello: required in a SubmitRequest (schema_major and client_id)")
         tenant = await self._tenant(context, request.hello)
         try:
             self.service.hello(request.hello, tenant)
@@ -264,6 +332,7 @@ class BrokerServicer:
         payload = field_slice(raw, 2)
         if payload is None:
             payload = request.batch.SerializeToString()
+        payload = stamped(payload)
         result, ordinal = self._accept(read_batch(payload), payload, tenant)
         if ordinal:
             await self.service.journal.durable(ordinal)
@@ -376,6 +445,7 @@ def journal_for(config: BrokerConfig) -> Journal:
         spool_max_bytes=j.spool_max_bytes,
         spool_full=j.spool_full,
         wait_replicas=j.wait_replicas,
+        redis_timeout_s=j.redis_timeout_s,
     )
 
 
@@ -424,6 +494,9 @@ async def start_broker(
     server = grpc.aio.server(
         interceptors=[AuthInterceptor(tokens)] if tokens is not None else None,
         options=[
+            # grpc.aio sets SO_REUSEPORT by default: a second broker on the same port would
+            # start and take half the clients (and, on one journal directory, lose events).
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", config.limits.max_message_bytes),
             ("grpc.max_send_message_length", max(MAX_MESSAGE_BYTES, config.limits.max_message_bytes)),
         ],
@@ -436,12 +509,19 @@ async def start_broker(
         await health.stop()
         await journal.close()
         raise
-    port = server.add_secure_port(config.listen, credentials) if credentials is not None else server.add_insecure_port(config.listen)
+    try:
+        check_listen(config.listen)
+        port = server.add_secure_port(config.listen, credentials) if credentials is not None else server.add_insecure_port(config.listen)
+    except (RuntimeError, ConfigError) as exc:  # grpc raises RuntimeError("Failed to bind ...")
+        port = 0
+        why = str(exc)
+    else:
+        why = "the address is in use (another broker?) or not available here"
     if port == 0:
         await health.stop()
         await telemetry.stop()
         await journal.close()
-        raise OSError(f"cannot listen on {config.listen}")
+        raise OSError(f"cannot listen on {config.listen}: {why}")
     await server.start()
     return RunningBroker(server, service, port, health, telemetry)
 

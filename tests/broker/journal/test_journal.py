@@ -44,7 +44,7 @@ async def test_a_torn_last_record_is_detected_and_cut_on_open(tmp_path, cut: int
     size = os.path.getsize(path)
     # A crash mid-write: the last record is cut short by `cut` bytes.
     os.truncate(path, size - cut)
-    fd, found = open_for_append(path)
+    fd, found, _ = open_for_append(path)
     os.close(fd)
     assert found == 2
     assert list(read_file_journal(path)) == [rec(0), rec(1)]
@@ -62,7 +62,7 @@ async def test_a_last_record_with_a_bad_checksum_is_cut(tmp_path) -> None:  # ty
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
         f.write(bytes([last[0] ^ 0xFF]))
-    fd, found = open_for_append(path)
+    fd, found, _ = open_for_append(path)
     os.close(fd)
     assert found == 1
 
@@ -122,3 +122,50 @@ async def test_durable_waits_until_the_record_is_written(tmp_path) -> None:  # t
     assert journal.written >= 2
     assert list(read_file_journal(str(tmp_path / "j")))[-2:] == [rec(1), rec(2)]
     await journal.close()
+
+
+async def test_a_write_that_fails_half_way_is_cut_back_before_the_retry(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A short write (disk full, RLIMIT_FSIZE) then an error: the retry must not land after
+    the torn bytes (it did: the journal then refused to open, "checksum mismatch ... before
+    the tail"). Failed on main."""
+    path = str(tmp_path / "j")
+    journal = FileJournal(path)
+    await journal.start()
+    journal.append(rec(0))
+    await journal.flush()
+    real_pwrite = os.pwrite
+    calls = {"n": 0}
+
+    def short_then_fail(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_pwrite(fd, bytes(data[:7]), offset)  # 7 bytes land, then the disk is full
+        if calls["n"] == 2:
+            raise OSError(27, "File too large")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", short_then_fail)
+    journal.append(rec(1))
+    journal.append(rec(2))
+    await journal.flush()
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    await journal.close()
+    assert journal.errors == 1 and journal.torn_bytes_cut == 7
+    assert list(read_file_journal(path)) == [rec(0), rec(1), rec(2)]
+    fd, found, _ = open_for_append(path)
+    os.close(fd)
+    assert found == 3
+
+
+async def test_a_second_writer_on_one_journal_file_is_refused_with_the_holders_pid(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = str(tmp_path / "j")
+    first = FileJournal(path)
+    await first.start()
+    try:
+        with pytest.raises(JournalError, match=rf"in use by another broker \(pid {os.getpid()}"):
+            await FileJournal(path).start()
+    finally:
+        await first.close()
+    again = FileJournal(path)  # released on close
+    await again.start()
+    await again.close()

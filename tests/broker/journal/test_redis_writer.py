@@ -23,7 +23,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from broker.journal import JournalRecord, RecordKind, redis_stream
+from broker.journal import JournalRecord, RecordKind
 from broker.journal.redis_stream import RedisJournal, directives_key
 from tests.certs import Authority
 from tests.conftest import REDIS_URL
@@ -304,10 +304,9 @@ async def test_a_connection_killed_mid_write_raises_and_the_next_write_uses_a_ne
 
 
 async def test_a_write_without_an_answer_times_out_and_the_next_write_uses_a_new_connection(
-    redis_server: RedisServer, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, admin: redis.Redis
 ) -> None:
-    monkeypatch.setattr(redis_stream, "SOCKET_TIMEOUT_S", 0.3)
-    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000)) as journal:
+    async with opened(RedisJournal(redis_server.url, "s", maxlen=1000, timeout_s=0.3)) as journal:
         await journal._write_tagged([rec(0)], EPOCH, 1)
         first = writer_ids(admin)
         admin.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")

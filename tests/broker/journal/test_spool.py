@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -487,31 +488,34 @@ async def test_a_full_spool_refuses_batches_unavailable_and_health_follows(redis
             await client.allocate("a", 10, ts_us=1)
             await client.flush()
             redis_server.stop()
-            refused: list[int] = []
+            # The spool fills; the broker then refuses batches whole (UNAVAILABLE, field journal)
+            # and BrokerClient holds them and resends them with the same batch_seq (it used to
+            # count the refusal and drop the batch).
+            flushing: asyncio.Task[object] | None = None
             for i in range(2, 500):
                 await client.allocate(f"b{i}", 10, ts_us=i)
-                result = await asyncio.wait_for(client.flush(), 10)
-                assert result is not None
-                if result.rejections:
-                    (rejection,) = result.rejections
-                    assert rejection.code == "UNAVAILABLE" and rejection.field == "journal"
-                    assert "spool" in rejection.reason and str(tmp_path / "spool") in rejection.reason
-                    assert "journal.spool_max_bytes" in rejection.reason and "2048" in rejection.reason
-                    assert result.accepted_events == 0
-                    refused.append(result.batch_seq)
-                    if len(refused) >= 3:
-                        break
-            assert len(refused) == 3 and journal.spool_bytes <= 2048
+                flushing = asyncio.create_task(client.flush())
+                done, _ = await asyncio.wait({flushing}, timeout=3)
+                if not done:
+                    break
+            assert flushing is not None and not flushing.done() and journal.spool_bytes <= 2048
+            reason = journal.refusal(10)
+            assert reason is not None and "spool" in reason and str(tmp_path / "spool") in reason
+            assert "journal.spool_max_bytes" in reason and "2048" in reason
+            await wait_for(lambda: client.counters.retried_batches >= 3, "the refused batch resent")
+            assert broker.service.stats().refused_batches["journal"] >= 3
             await wait_for(lambda: not health.serving, "NOT_SERVING with Redis down and the spool full")
             assert client.failed is None  # the stream stays open
             redis_server.start()
             await wait_for(lambda: health.serving and journal.spool_records == 0, "SERVING and drained")
+            await asyncio.wait_for(flushing, 30)
             await client.allocate("after", 10, ts_us=10_000)
             result = await asyncio.wait_for(client.flush(), 10)
             assert result is not None and not result.rejections and result.accepted_events == 1
+            assert client.counters.failed_batches == 0
             last_seq = client.batch_seq
     seqs = [b.batch_seq for b in stream_batches(redis_server, config)]
-    assert seqs == [s for s in range(1, last_seq + 1) if s not in refused]
+    assert seqs == list(range(1, last_seq + 1))  # nothing refused is missing
 
 
 async def test_a_full_spool_with_drop_answers_every_batch_and_counts_the_dropped(redis_server: RedisServer, tmp_path: Path) -> None:
@@ -539,3 +543,41 @@ async def test_a_full_spool_with_drop_answers_every_batch_and_counts_the_dropped
             last_seq = client.batch_seq
     seqs = [b.batch_seq for b in stream_batches(redis_server, config)]
     assert len(seqs) == last_seq - dropped and seqs == sorted(seqs) and seqs[0] == 1
+
+
+@pytest.mark.parametrize("timeout_s", [0.3, 1.5])
+async def test_a_hung_redis_stalls_answers_for_journal_redis_timeout_s_then_the_spool_takes_over(
+    redis_server: RedisServer, tmp_path: Path, timeout_s: float
+) -> None:
+    """Redis frozen (SIGSTOP: up, not answering): the next answer waits about
+    journal.redis_timeout_s, no longer (it was a fixed 5 s), then batches are spooled and
+    answered at once. Failed on main (no such key; 5 s)."""
+    config = parse_config(f"[journal]\nredis_timeout_s = {timeout_s}\n")
+    assert config.journal.redis_timeout_s == timeout_s
+    config = spool_config(redis_server, tmp_path, redis_timeout_s=timeout_s)
+    async with running(config, redis_server) as broker, BrokerClient(f"127.0.0.1:{broker.port}", "engine", max_batch_events=1) as client:
+        await client.allocate("a", 10, ts_us=1)
+        await client.flush()
+        assert redis_server.proc is not None
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            stalls = []
+            for i in range(3):
+                started = time.monotonic()
+                await client.allocate(f"b{i}", 10, ts_us=2 + i)
+                await asyncio.wait_for(client.flush(), 30)
+                stalls.append(time.monotonic() - started)
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        print(f"redis_timeout_s {timeout_s}: answers while Redis hung took {[round(s, 3) for s in stalls]} s")
+        assert timeout_s * 0.8 <= stalls[0] < timeout_s + 1.5  # the timeout, not 5 s
+        assert max(stalls[1:]) < 1.0  # spooled: answered without waiting for Redis
+        assert broker.service.journal.spool_records > 0
+    assert [b.batch_seq for b in stream_batches(redis_server, config)] == [1, 2, 3, 4]
+
+
+def test_redis_timeout_s_is_validated_by_name() -> None:
+    for bad in ("0", "-1", "601", '"fast"', "nan"):
+        with pytest.raises(ConfigError, match=r"journal\.redis_timeout_s"):
+            parse_config(f"[journal]\nredis_timeout_s = {bad}\n")
+    assert "redis_timeout_s = 0.5" in config_to_toml(parse_config(""))

@@ -556,6 +556,10 @@ def check_batch_answer(raw_request: bytes, raw_answer: bytes, client_id: str, ap
         assert [(r.event_index, r.field) for r in result.rejections] == [(-1, "batch")], result
         assert "malformed" in result.rejections[0].reason
         return
+    if request.WhichOneof("kind") is None:  # an empty StreamRequest: said so (it was "hello already received")
+        assert [(r.event_index, r.field) for r in result.rejections] == [(-1, "batch")], result
+        assert "empty StreamRequest" in result.rejections[0].reason
+        return
     if request.WhichOneof("kind") != "batch":
         assert [(r.event_index, r.field) for r in result.rejections] == [(-1, "hello")], result
         return
