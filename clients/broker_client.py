@@ -72,6 +72,10 @@ SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 0
 STREAM_METHOD = "/kvbroker.v1.BrokerService/Stream"
 MAX_MESSAGE_BYTES = 64 * 2**20
+# Refusals that are retried are logged at most this often.
+LOG_EVERY_S = 5.0
+# IntentBatch.batch_seq is a uint64: the last number a client id can use.
+MAX_BATCH_SEQ = 2**64 - 1
 
 # Refusals that a retry cannot fix: the broker does not serve us.
 _PERMANENT = frozenset(
@@ -206,6 +210,14 @@ class ClientCounters:
     duplicate_answers: int = 0
     unmatched_answers: int = 0
     rejected_events: int = 0
+    # Batches the broker refused whole (not applied): every one, then how each ended.
+    refused_batches: int = 0
+    # ... resent with the same batch_seq after a backoff (UNAVAILABLE: journal spool full;
+    # batch_seq: an earlier batch was refused, so this one came too early).
+    retried_batches: int = 0
+    # ... given up and reported (flush raises BrokerError naming them): a refusal no resend
+    # can fix (a batch over the broker's limits, another tenant's, malformed).
+    failed_batches: int = 0
     dropped_batches: int = 0
     dropped_events: int = 0
     refused_events: int = 0
@@ -340,6 +352,13 @@ class BrokerClient:
             *channel_options,
         ]
         self.hello_reply: spb.HelloReply | None = None
+        # Permanent refusals since the last flush(), which raises them (then they are cleared).
+        self.refusals: list[str] = []
+        # Set by the reader when the stream must be reopened to resend refused batches; the
+        # wait doubles while the broker keeps refusing (a long Redis outage), up to backoff_max_s.
+        self._resync_after: float | None = None
+        self._refusal_backoff = backoff_initial_s
+        self._last_refusal_log = -LOG_EVERY_S
         # Highest batch_seq given to a batch (or reported applied by the broker).
         self.batch_seq = 0
         self.counters = ClientCounters()
@@ -484,10 +503,19 @@ class BrokerClient:
     def now_us(self) -> int:
         return (time.monotonic_ns() - self._t0) // 1000
 
+    @property
+    def batch_limit(self) -> int:
+        """Events per batch: ``max_batch_events``, or the broker's limit if lower (learned
+        from the hello reply, so the broker never refuses a batch for its size)."""
+        reply = self.hello_reply
+        broker = reply.max_events_per_batch if reply is not None else 0
+        return min(self.max_batch_events, broker) if broker else self.max_batch_events
+
     async def add(self, event: pb.Event) -> None:
         """Buffer one event; seals the batch when it is full (``when_full`` applies)."""
         self._check_usable()
-        if len(self._events) >= self.max_batch_events:
+        limit = self.batch_limit
+        if len(self._events) >= limit:
             # A full batch that could not be sealed before (no room): this is where we wait or refuse.
             try:
                 await self._seal(wait=True)
@@ -497,7 +525,7 @@ class BrokerClient:
         if not self._events:
             self._first_event_at = time.monotonic()
         self._events.append(event)
-        if len(self._events) >= self.max_batch_events:
+        if len(self._events) >= limit:
             with contextlib.suppress(BrokerQueueFull):  # the event is taken; the batch waits
                 await self._seal(wait=True)
 
@@ -562,8 +590,11 @@ class BrokerClient:
                 self._check_usable()
             if not self._events:  # another waiter sealed them meanwhile
                 return True
-        events, self._events = self._events, []
+        limit = self.batch_limit
+        events, self._events = self._events[:limit], self._events[limit:]
         self._unsent.append(_Batch(events, asyncio.get_running_loop().create_future()))
+        if self._events:  # more than the broker takes in one batch (its limit was learned late)
+            return await self._seal(wait=wait, flushing=flushing)
         self._wake.set()
         return True
 
@@ -590,13 +621,21 @@ class BrokerClient:
         await self._seal(wait=True, flushing=True)
         # Oldest first: written batches, then those waiting to be.
         waiting = [b.future for b in (*self._inflight.values(), *self._unsent)]
+        if waiting:
+            await asyncio.wait([asyncio.shield(f) for f in waiting])
+        self._raise_refusals()
         if not waiting:
             return None
-        await asyncio.wait([asyncio.shield(f) for f in waiting])
         for future in waiting:
             if future.exception() is not None:
                 raise BrokerError(f"stream failed: {_describe(future.exception())}")
         return waiting[-1].result()
+
+    def _raise_refusals(self) -> None:
+        """Every batch the broker refused for good since the last flush, as one BrokerError."""
+        if self.refusals:
+            refusals, self.refusals = self.refusals, []
+            raise BrokerError(f"{len(refusals)} batches refused by the broker and not applied: " + "; ".join(refusals[:5]))
 
     async def _tick_loop(self) -> None:
         """Seal a partly filled batch once its oldest event waited ``max_delay_s``."""
@@ -679,9 +718,32 @@ class BrokerClient:
                 )
         resend.extend(b.message for b in self._inflight.values() if b.message is not None)
         resend.sort(key=lambda m: m.batch_seq)
+        if (resend and resend[-1].batch_seq - resend[0].batch_seq + 1 != len(resend)) or (resend and resend[0].batch_seq != applied + 1):
+            self._renumber(resend, applied)
         self._connected.set()
         self._answered()
         return resend
+
+    def _renumber(self, resend: list[pb.IntentBatch], applied: int) -> None:
+        """Number the batches to resend from ``applied + 1`` on, in their order: a batch
+        given up (refused for good, or lost by the broker and no longer retained) leaves a
+        hole the broker would refuse every later batch_seq for (limits.max_batch_seq_gap).
+        None of them was applied (each is above ``applied``), so a new number is safe."""
+        inflight = {id(b.message): b for b in self._inflight.values() if b.message is not None}
+        self._inflight = {}
+        for i, message in enumerate(resend):
+            message.batch_seq = applied + 1 + i
+            batch = inflight.get(id(message))
+            if batch is not None:
+                batch.seq = message.batch_seq
+                self._inflight[batch.seq] = batch
+        log.warning(
+            "client %s: renumbered %d batches to resend from batch_seq %d (a refused or lost batch left a hole)",
+            self.client_id,
+            len(resend),
+            applied + 1,
+        )
+        self.batch_seq = applied + len(resend)
 
     async def _drop_conn(self) -> None:
         conn, self._conn = self._conn, None
@@ -732,6 +794,11 @@ class BrokerClient:
                 if self._closing:
                     return
                 self.counters.disconnects += 1
+                if self._resync_after is not None:
+                    # Refused batches to resend: a new stream, whatever ``reconnect`` says.
+                    await self._sleep(self._resync_after * random.uniform(0.8, 1.2))
+                    self._resync_after = None
+                    continue
                 if not self.reconnect:
                     self._fail(BrokerError(f"stream ended: {ended}"))
                     return
@@ -755,6 +822,8 @@ class BrokerClient:
                 await reader
             task = reader if reader.done() else writer
             exc = task.exception()
+            if isinstance(exc, _Refused):
+                raise exc
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and _too_large(exc):
                 # Sending the same batch again would fail the same way: stop.
                 raise _Refused(_describe(exc))
@@ -776,6 +845,12 @@ class BrokerClient:
             while self._unsent:
                 batch = self._unsent.popleft()
                 if batch.message is None:
+                    if self.batch_seq >= MAX_BATCH_SEQ:
+                        self._unsent.appendleft(batch)
+                        raise _Refused(
+                            f"batch_seq {self.batch_seq} is the last a uint64 holds: client id {self.client_id!r} "
+                            "cannot number another batch (use a new client_id)"
+                        )
                     self.batch_seq += 1
                     batch.seq = self.batch_seq
                     batch.message = pb.IntentBatch(client_id=self.client_id, batch_seq=batch.seq, events=batch.events)
@@ -797,9 +872,15 @@ class BrokerClient:
                 batch = self._inflight.pop(result.batch_seq, None)
             else:  # a batch-level error without a seq answers the oldest
                 batch = self._inflight.pop(next(iter(self._inflight)), None) if self._inflight else None
+            refusal = _batch_refusal(result)
+            if refusal is not None and batch is not None:
+                if self._refused(batch, refusal):
+                    return  # reopen the stream and resend from here, after a backoff
+                continue
             if batch is None:
                 self.counters.unmatched_answers += 1
             else:
+                self._refusal_backoff = self.backoff_initial_s
                 self.counters.batches_answered += 1
                 if batch.message is not None and self._retain:
                     self._retained.append(batch.message)
@@ -813,6 +894,38 @@ class BrokerClient:
                 self.results.append(result)
             for directive in result.directives:
                 self._deliver(directive)
+
+    def _refused(self, batch: _Batch, refusal: dpb.EventRejection) -> bool:
+        """A batch refused whole: True to resend it (and every later one) on a new stream,
+        False when it is given up (its future fails; flush() raises it)."""
+        self.counters.refused_batches += 1
+        what = f"batch {batch.seq}: {refusal.code} {refusal.field}: {refusal.reason}"
+        if refusal.code == "UNAVAILABLE" or refusal.field == "batch_seq":
+            # Not applied, and neither is any later batch (they are refused as out of order
+            # until this one is in): resend from here with the same numbers.
+            self.counters.retried_batches += 1
+            self._inflight[batch.seq] = batch
+            self._inflight = dict(sorted(self._inflight.items()))
+            wait = 0.0
+            if refusal.code == "UNAVAILABLE":
+                wait = self._refusal_backoff
+                self._refusal_backoff = min(wait * 2, self.backoff_max_s)
+            now = time.monotonic()
+            if now - self._last_refusal_log >= LOG_EVERY_S:  # a long outage logs every few seconds, not per retry
+                self._last_refusal_log = now
+                log.warning(
+                    "client %s: %s; resending in %.2fs (%d refusals so far)", self.client_id, what, wait, self.counters.refused_batches
+                )
+            self._resync_after = wait
+            return True
+        self.counters.failed_batches += 1
+        self.refusals.append(what)
+        log.error("client %s: %s; the batch is not applied and not resent", self.client_id, what)
+        if not batch.future.done():
+            batch.future.set_exception(BrokerError(f"refused by the broker: {what}"))
+            batch.future.exception()  # retrieved here: flush() reports it through refusals
+        self._answered()
+        return False
 
     def _deliver(self, directive: dpb.Directive) -> None:
         self.counters.directives += 1
@@ -872,6 +985,14 @@ class BrokerClient:
         out = list(self._directives)
         self._directives.clear()
         return out
+
+
+def _batch_refusal(result: dpb.DirectiveBatch) -> dpb.EventRejection | None:
+    """The rejection of a batch refused whole (event_index -1, nothing applied), or None."""
+    for rejection in result.rejections:
+        if rejection.event_index == -1 and not result.accepted_events and not result.duplicate:
+            return rejection
+    return None
 
 
 def _too_large(exc: grpc.aio.AioRpcError) -> bool:
