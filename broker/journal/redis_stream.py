@@ -41,6 +41,8 @@ log = logging.getLogger("kvbroker.journal")
 # journal.redis_timeout_s: a hung Redis (up, not answering) stalls every answer this long
 # before the spool takes over (ack_after = "journal"); it was a fixed 5 s.
 DEFAULT_TIMEOUT_S = 0.5
+# Connecting, and the read-back after a failure, get at least this long.
+CONNECT_TIMEOUT_MIN_S = 2.0
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _CRLF = b"\r\n"
@@ -114,8 +116,15 @@ class RedisJournal(SpooledJournal):
         self.stream = stream
         self.maxlen = maxlen
         self.timeout_s = timeout_s
+        # Connecting (a TLS handshake, AUTH) may take longer than one write on a loaded host.
+        self.connect_timeout_s = max(timeout_s, CONNECT_TIMEOUT_MIN_S)
         self._redis: aioredis.Redis | None = None
         self._conn: AbstractConnection | None = None  # the writer's own connection
+        # Redis's id of that connection (CLIENT ID), and those of writer connections thrown
+        # away after a failure: killed before the next read-back (see _applied).
+        self._writer_id: int | None = None
+        self._stale_writers: list[int] = []
+        self._kill_refused = False
         self._heads: dict[tuple[bool, bool], bytes] = {}  # (directives?, tagged?) -> XADD head
         self._keys: tuple[bytes, bytes] = (b"", b"")  # stream, directives
         # Entries of a group that failed inside EXEC that are still to be deleted again (key ->
@@ -130,7 +139,7 @@ class RedisJournal(SpooledJournal):
         # No retries inside redis-py: a write retried after a lost reply would be applied
         # twice. The writer retries, after reading back what Redis holds.
         self._redis = aioredis.Redis.from_url(
-            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0)
+            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.connect_timeout_s, retry=Retry(NoBackoff(), 0)
         )
         encoder = self._redis.connection_pool.get_encoder()
         self._keys = (encoder.encode(self.stream), encoder.encode(directives_key(self.stream)))
@@ -185,6 +194,13 @@ class RedisJournal(SpooledJournal):
         try:
             # One deadline for the whole exchange, not a timer per reply: the writer's
             # connection has no socket timeout of its own.
+            if self._writer_id is None:
+                # A new connection: connect (TLS, AUTH, SELECT) within the connect bound, and
+                # learn its id (for _applied).
+                async with asyncio.timeout(self.connect_timeout_s):
+                    await conn.connect()
+                    await conn.send_command("CLIENT", "ID")
+                    self._writer_id = int(await conn.read_response())
             async with asyncio.timeout(self.timeout_s):
                 await conn.send_packed_command(buffer)
                 for _ in range(commands + 1):
@@ -214,6 +230,9 @@ class RedisJournal(SpooledJournal):
 
     async def _discard_writer_connection(self) -> None:
         conn, self._conn = self._conn, None
+        if self._writer_id is not None:
+            self._stale_writers.append(self._writer_id)
+            self._writer_id = None
         if conn is not None:
             with contextlib.suppress(Exception):  # it is being thrown away: a close error changes nothing
                 await conn.disconnect(nowait=True)
@@ -246,14 +265,39 @@ class RedisJournal(SpooledJournal):
         self._undo = {}
 
     async def _applied(self, epoch: bytes) -> int | None:
+        """The newest seq of ``epoch`` Redis holds.
+
+        A transaction whose answer timed out may still be waiting, unread, in Redis's buffer
+        of the connection that sent it (a Redis frozen by SIGSTOP or swapping): it would run
+        whenever Redis reads that connection again, possibly after this read-back, and the
+        records it holds would then be written twice. So first the writer connections thrown
+        away are killed, in the same pipeline and before the read: Redis runs a connection's
+        commands in order, so the read sees that transaction applied, or it never will be."""
         assert self._redis is not None
         await self._finish_undo()
         pipe = self._redis.pipeline(transaction=False)
+        stale = list(self._stale_writers)
+        for client_id in stale:
+            pipe.execute_command("CLIENT", "KILL", "ID", client_id)
         for key in (self.stream, directives_key(self.stream)):
             pipe.xrevrange(key, max="+", min="-", count=1)
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies[len(stale) :]:
+            if isinstance(reply, Exception):
+                raise reply
+        kills = replies[: len(stale)]
+        refused = [r for r in kills if isinstance(r, Exception)]
+        if refused and not self._kill_refused:
+            self._kill_refused = True  # (an ACL user without CLIENT KILL): said once
+            log.warning(
+                "journal %s: cannot kill a timed-out writer connection (%s); a write it still holds could be applied twice",
+                self.description,
+                refused[0],
+            )
+        self._stale_writers = []
         prefix = epoch.hex().encode() + b":"
         newest: int | None = None
-        for rows in await pipe.execute():
+        for rows in replies[len(stale) :]:
             for _, fields in rows:
                 tag = fields.get(b"s", b"")
                 if tag.startswith(prefix):
