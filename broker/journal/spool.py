@@ -426,6 +426,11 @@ class SpooledJournal(Journal):
         if spool.drained >= spool.records:
             if spool.epoch == self._epoch:
                 self._seq = spool.base_seq + spool.records
+                # The backend may hold more than the spool did: a write that failed
+                # ambiguously whose records could not be spooled (the spool's disk refused
+                # them) stayed queued. Read back before the next direct write, which then
+                # skips what is already there (it wrote them twice).
+                self._synced = False
             total = spool.records
             await asyncio.to_thread(spool.remove)
             log.info("spool drained: %d records now in %s; writing directly again", total, self.description)

@@ -223,6 +223,40 @@ async def test_a_lost_reply_never_writes_a_record_twice(tmp_path: Path, when: st
     assert journal.errors >= 1
 
 
+async def test_a_lost_reply_whose_records_the_spool_could_not_take_is_not_written_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write applied but reported failed (a frozen Redis), and the spool's disk refusing
+    the records (RLIMIT_FSIZE): they stay queued, and once the backend answers they must be
+    skipped, not written again. The emptied spool used to set the writer's position to
+    what the spool held, below what the backend held, and the next direct write repeated
+    the group (found by tests/e2e/test_chaos.py, seed 11). Failed before the fix."""
+    backend = Backend()
+    real_append = Spool.append
+    refusing = {"on": False}
+
+    def append(self: Spool, records: list[JournalRecord]) -> None:
+        if refusing["on"]:
+            raise OSError(27, "File too large")
+        real_append(self, records)
+
+    monkeypatch.setattr(Spool, "append", append)
+    async with fake_journal(backend, tmp_path) as journal:
+        for i in range(5):
+            journal.append(rec(i))
+        await journal.flush()
+        refusing["on"] = True
+        backend.lose_next_reply = True  # applied, then reported failed
+        for i in range(5, 9):
+            journal.append(rec(i))
+        await wait_for(lambda: journal.errors >= 2, "the spool refused the records")
+        # The backend answers again; the empty spool is removed with the records still queued.
+        await wait_for(lambda: journal.spool is not None and not journal.spool.active, "the empty spool removed")
+        refusing["on"] = False
+        await asyncio.wait_for(journal.flush(), 20)
+    assert [number(r) for r in backend.entries] == list(range(9)), "written twice or skipped"
+
+
 async def test_a_leftover_spool_drains_first_on_restart(tmp_path: Path) -> None:
     backend = Backend()
     journal = FakeJournal(backend, spool_dir=str(tmp_path / "spool"))
