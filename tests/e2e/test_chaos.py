@@ -269,6 +269,10 @@ async def test_chaos_nothing_answered_is_lost_and_no_honest_stream_stalls(tmp_pa
             f"chaos: {len(run.faults)} faults {seen}, {run.restarts} restarts, {len(run.waits)} honest batches, "
             f"worst wait {worst:.2f}s ({max(bounded, default=0.0):.2f}s outside kills and disk faults), {abused} abusive batches"
         )
+        t0 = run.waits[0][0] if run.waits else 0.0
+        for a, b in sorted(run.waits, key=lambda w: w[0] - w[1])[:3]:  # the slowest, with the faults they met
+            met = [f"{kind}@{x - t0:.1f}-{y - t0:.1f}s" for kind, x, y in run.faults if x <= b and a <= y]
+            print(f"  slow honest batch: sent at {a - t0:.1f}s, waited {b - a:.2f}s; faults meanwhile: {', '.join(met) or 'none'}")
         assert not slow, f"{len(slow)} honest batches waited over {WAIT_BOUND_S}s outside kills and disk faults {run.why()}"
         assert run.restarts >= 1 and seen == sorted(kinds), f"faults {seen} {run.why()}"
         assert abused > 0, f"the abuser sent nothing {run.why()}"
