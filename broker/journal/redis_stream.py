@@ -43,6 +43,9 @@ log = logging.getLogger("kvbroker.journal")
 DEFAULT_TIMEOUT_S = 0.5
 # Connecting, and the read-back after a failure, get at least this long.
 CONNECT_TIMEOUT_MIN_S = 2.0
+# The Redis Cluster journal's bound (broker.journal.cluster): journal.redis_timeout_s is not
+# applied there yet, nor the kill of a timed-out writer connection before its read-back.
+SOCKET_TIMEOUT_S = 5.0
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _CRLF = b"\r\n"
