@@ -43,7 +43,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return dataclasses.replace(config, telemetry=telemetry)
 
     from broker.config.settings import check_listen
-    from broker.journal import JournalError
 
     config = with_flags(load_config(args.config))
     if args.listen:
@@ -58,8 +57,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         run(config, args.config, on_ready=ready, overrides=with_flags)
-    except (OSError, JournalError) as exc:
-        # One line, not a traceback: a port in use, a journal held by another broker.
+    except OSError as exc:
+        # One line, not a traceback: a port in use (a journal held by another broker is a
+        # JournalError, said by main()).
         print(f"kvbroker serve: {exc}", file=sys.stderr)
         return 2
     return 0
