@@ -242,8 +242,8 @@ def length_delimited(key: bytes, body: bytes) -> bytes:
 
 
 def received_field(received_us: int) -> bytes:
-    """``IntentBatch.broker_received_us`` (field 5, varint) on the wire: the broker appends it
-    to each batch it receives (the last value of a scalar field wins)."""
+    """``IntentBatch.broker_received_us`` (field 5, varint) on the wire: the broker puts it in
+    front of each batch it receives (broker.service.server.stamped)."""
     return b"\x28" + varint(received_us)
 
 

@@ -115,10 +115,20 @@ def sole_batch(raw: bytes) -> bytes | None:
     return raw[pos:] if pos + length == len(raw) else None
 
 
-def stamped(payload: bytes) -> bytes:
+def stamped(payload: bytes) -> tuple[bytes, int]:
     """The batch with the time the broker received it (IntentBatch.broker_received_us), as
-    it is applied and journaled: the core bounds event time by it (max_clock_skew_us)."""
-    return payload + received_field(time.time_ns() // 1000)
+    it is applied and journaled: the core bounds event time by it (max_clock_skew_us).
+    Put in front, so that a malformed batch stays malformed (bytes after a cut-short field
+    would be read as part of it); a client's own value would come later and win, so the
+    caller refuses a batch whose read value is not the stamp."""
+    now = time.time_ns() // 1000
+    return received_field(now) + payload, now
+
+
+def _forged(batch: BatchReader, stamp: int) -> Answer | None:
+    if batch.received_us != stamp:
+        return _batch_error("broker_received_us", "set by the broker, not by clients: leave it unset", batch=batch)
+    return None
 
 
 def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> Answer:
@@ -264,11 +274,14 @@ class BrokerServicer:
             payload = field_slice(raw, 2)
             if payload is None:
                 payload = request.batch.SerializeToString()
-        payload = stamped(payload)
+        payload, stamp = stamped(payload)
         try:
             batch = read_batch(payload)
         except DecodeError as exc:
             return self._refused(_batch_error("batch", f"malformed StreamRequest: {exc}"), "malformed")
+        forged = _forged(batch, stamp)
+        if forged is not None:
+            return self._refused(forged, "malformed")
         if batch.client_id != client_id:
             mismatch = f"{batch.client_id!r} does not match the stream's hello client_id {client_id!r}"
             return self._refused(_batch_error("client_id", mismatch, batch=batch), "client_id")
@@ -332,8 +345,12 @@ class BrokerServicer:
         payload = field_slice(raw, 2)
         if payload is None:
             payload = request.batch.SerializeToString()
-        payload = stamped(payload)
-        result, ordinal = self._accept(read_batch(payload), payload, tenant)
+        payload, stamp = stamped(payload)
+        batch = read_batch(payload)
+        forged = _forged(batch, stamp)
+        if forged is not None:
+            return forged
+        result, ordinal = self._accept(batch, payload, tenant)
         if ordinal:
             await self.service.journal.durable(ordinal)
         return result  # a SubmitResponse's directives (submit_response_bytes)

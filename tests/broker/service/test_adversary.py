@@ -123,6 +123,15 @@ async def test_the_skew_decisions_replay_exactly_from_the_journal(tmp_path: Path
     assert sorted(core.blocks) == ["x", "z"]
 
 
+async def test_a_client_cannot_set_the_brokers_receive_stamp(channel: grpc.aio.Channel) -> None:
+    s = RawStream(channel)
+    await s.hello("f")
+    forged = pb.IntentBatch(client_id="f", batch_seq=1, events=[alloc("x", ts=2**62)], broker_received_us=2**62)
+    field, _, reason = batch_refusal(await s.send(spb.StreamRequest(batch=forged).SerializeToString()))
+    assert field == "broker_received_us" and "set by the broker" in reason
+    assert (await s.batch("f", 1, alloc("x", ts=5))).accepted_events == 1
+
+
 # ---- 7: batch_seq jumps ---------------------------------------------------------------------------
 
 
