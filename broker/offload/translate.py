@@ -94,6 +94,8 @@ class TranslatorStats:
     evictions_refused: int = 0
     chunks_evicted: int = 0
     hinted_requests: int = 0
+    # Batches that raised in the core, decisions that failed or named impossible victims.
+    errors: int = 0
     # Hints ignored, by reason (a malformed kvbroker action in a request's kv_hints).
     hints_ignored: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -164,7 +166,16 @@ class Translator:
         self._applied_ms = self._ts_ms
         self.stats.batches += 1
         self.stats.events += len(evs)
-        return self.local.apply(evs)
+        try:
+            return self.local.apply(evs)
+        except Exception:
+            # A policy that raises must not stop vLLM's scheduler: the batch is counted and
+            # logged; evictions are then refused (vLLM skips those stores) if the core can
+            # no longer name chunks vLLM holds.
+            self.stats.errors += 1
+            if self.stats.errors <= 10:
+                log.exception("kvbroker: applying a batch of %d events failed (error %d)", len(evs), self.stats.errors)
+            return None
 
     def flush(self) -> None:
         """Apply what is buffered and wait until the journal holds it."""
@@ -297,11 +308,20 @@ class Translator:
         entries = self.entries
         shielded = [entry[1] for key in protected if (entry := entries.get(key)) is not None]
         shielded += [entries[key][1] for key in self.held]
-        victims = self.decider.evict(n, shielded)
-        if victims is None or len(victims) != n:
+        try:
+            victims = self.decider.evict(n, shielded)
+        except Exception:
+            stats.errors += 1
+            log.exception("kvbroker: the eviction decision failed; the store is refused")
+            victims = None
+        by_id = self.by_id
+        if victims is not None and not self._acceptable(victims, n, shielded):
+            stats.errors += 1
+            log.error("kvbroker: the decider named victims vLLM cannot evict (%d asked): %s; the store is refused", n, victims[:8])
+            victims = None
+        if victims is None:
             stats.evictions_refused += 1
             return None
-        by_id = self.by_id
         out = []
         fields = []
         for block_id in victims:
@@ -313,6 +333,16 @@ class Translator:
         # vLLM forgets the victims: so does the local core, first thing in the next batch.
         self.record(events.freed(self.timestamp(), fields))
         return out
+
+    def _acceptable(self, victims: list[str], n: int, shielded: list[str]) -> bool:
+        """Exactly ``n`` distinct chunks vLLM holds, none shielded (a decider is trusted with
+        nothing: a remote one may be out of step)."""
+        if len(victims) != n or len(set(victims)) != n:
+            return False
+        by_id = self.by_id
+        if any(v not in by_id for v in victims):
+            return False
+        return not set(victims).intersection(shielded)
 
     def clear(self) -> None:
         self._buffer = []  # the clear drops every block: nothing buffered matters any more

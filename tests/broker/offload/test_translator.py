@@ -171,3 +171,49 @@ def test_the_journal_replays_with_verify_to_the_same_evictions(tmp_path: Path) -
     config = t.local.config
     replay(journal_batches(JournalSource(url)), config, None, sink=sink)
     assert [d.block_id for d in sink] == [x.hex() for group in evictions for x in group]
+
+
+class Wrong:
+    """A decider out of step with vLLM (a remote one may be): it names what it is told."""
+
+    def __init__(self, answer: list[str] | None = None, fail: bool = False) -> None:
+        self.answer = answer
+        self.fail = fail
+
+    def evict(self, count: int, protected: list[str]) -> list[str] | None:
+        if self.fail:
+            raise RuntimeError("broker gone")
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("decider", "n"),
+    [
+        (Wrong(fail=True), 1),
+        (Wrong(["nope"]), 1),
+        (Wrong([k(1).hex(), k(1).hex()]), 2),
+        (Wrong([k(0).hex()]), 1),
+        (Wrong([k(1).hex()]), 2),
+    ],
+    ids=["raises", "unknown", "twice", "protected", "too-few"],
+)
+def test_a_decider_that_fails_or_names_impossible_victims_refuses_the_store_and_changes_nothing(decider: Wrong, n: int) -> None:
+    t = translator("lru", 4)
+    for i in range(3):
+        t.insert(k(i), Chunk(0), Ctx("r"))
+    t.decider = decider
+    before = dict(t.entries)
+    assert t.evict(n, {k(0)}) is None
+    assert t.entries == before and t.stats.evictions_refused == 1 and t.stats.errors == 1
+
+
+def test_a_policy_that_raises_does_not_stop_the_engine() -> None:
+    t = translator("lru", 4)
+    t.insert(k(1), Chunk(0), Ctx("r"))
+
+    def broken(evs: list[bytes]) -> object:
+        raise RuntimeError("policy bug")
+
+    t.local.apply = broken  # type: ignore[method-assign]
+    assert t.apply() is None and t.stats.errors == 1
+    assert t.evict(1, set()) is None  # the local decider gets no outcome: the store is refused
