@@ -13,6 +13,7 @@ test_vllm_manager.py (marker ``vllm``).
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from pathlib import Path
 
@@ -217,3 +218,27 @@ def test_a_policy_that_raises_does_not_stop_the_engine() -> None:
     t.local.apply = broken  # type: ignore[method-assign]
     assert t.apply() is None and t.stats.errors == 1
     assert t.evict(1, set()) is None  # the local decider gets no outcome: the store is refused
+
+
+def test_an_engine_restarted_on_the_same_journal_replays_both_runs(tmp_path: Path) -> None:
+    """A restart writes on the journal of the run before (same client id): its batches number
+    on above the last run's, its first clears the last run's chunks, and its config may size
+    the tier anew. Replay makes both runs' evictions; --verify checks one run's journal only
+    (the restarted core numbers its directives from 1 again: docs/vllm.md says to give each
+    run its own journal, "{pid}" in the path)."""
+    url = f"file://{tmp_path}/vllm.journal"
+    runs = []
+    for capacity, seed in ((10, 1), (6, 2)):
+        t = translator("lru", capacity, url)
+        runs.append(drive(t, random.Random(seed), 400, capacity))
+        t.flush()
+        t.local.close()
+    sink: list[Directive] = []
+    replay(journal_batches(JournalSource(url)), translator("lru", 10).local.config, None, sink=sink)
+    assert [d.block_id for d in sink] == [x.hex() for run in runs for group in run for x in group]
+
+
+def test_placeholders_name_the_process_and_the_data_parallel_rank() -> None:
+    settings = load_settings({"kvbroker_client_id": "vllm-dp{rank}", "kvbroker_journal": "file:///j/{rank}-{pid}.journal"}, {}, rank=3)
+    assert settings.resolved_client_id() == "vllm-dp3"
+    assert settings.resolved_journal() == f"file:///j/3-{os.getpid()}.journal"
