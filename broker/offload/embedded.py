@@ -38,7 +38,8 @@ try:
 except ImportError:  # the pure Python build
     answer_native = None
 
-log = logging.getLogger("kvbroker.offload")
+# Under vLLM's logger (this room runs inside vLLM): vLLM's logging configuration shows it.
+log = logging.getLogger("vllm.kvbroker")
 
 # The schema major version written in journal records (kvbroker.v1).
 SCHEMA_MAJOR = 1

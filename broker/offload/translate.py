@@ -48,13 +48,16 @@ from broker.offload import events
 from broker.offload.embedded import EmbeddedCore
 from clients.kv_hints import IntentHint, parse_intent
 
-log = logging.getLogger("kvbroker.offload")
+# Under vLLM's logger (this room runs inside vLLM): vLLM's logging configuration shows it.
+log = logging.getLogger("vllm.kvbroker")
 
 # Buffered events are applied as a batch at once when this many wait, or when the oldest
 # waited this long (bounds memory, and how far the journal lags behind vLLM while it stores
 # without evicting).
 FLUSH_EVENTS: Final = 4096
 FLUSH_MS: Final = 1000
+# How often the counters are logged (INFO): an embedded engine has no `kvbroker status`.
+REPORT_MS: Final = 60_000
 
 
 class Decider(Protocol):
@@ -132,6 +135,7 @@ class Translator:
         self._ts_ms = -1
         self._ts = b""
         self._applied_ms = -1
+        self._report_ms = 0
         self._generation = 0
         self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
         self._plain_intent = events.intent_fields("", tenant=tenant)
@@ -144,6 +148,10 @@ class Translator:
         if ms != self._ts_ms:
             if self._buffer and ms - self._applied_ms >= FLUSH_MS:
                 self.apply()  # what waited a second goes in (before the caller's event)
+            if ms >= self._report_ms:
+                if self._report_ms:
+                    self.report()
+                self._report_ms = ms + REPORT_MS
             self._ts_ms = ms
             self._ts = events.timestamp(ms * 1000)
         return self._ts
@@ -176,6 +184,24 @@ class Translator:
             if self.stats.errors <= 10:
                 log.exception("kvbroker: applying a batch of %d events failed (error %d)", len(evs), self.stats.errors)
             return None
+
+    def report(self) -> None:
+        """Log the counters (every REPORT_MS while vLLM calls)."""
+        st = self.stats
+        journal = self.local.journal
+        log.info(
+            "kvbroker: %d chunks held, %d evictions asked (%d refused), %d chunks evicted, %d batches, "
+            "%d hinted requests, %d hints ignored, %d errors, journal %s",
+            len(self.entries),
+            st.evictions_asked,
+            st.evictions_refused,
+            st.chunks_evicted,
+            st.batches,
+            st.hinted_requests,
+            sum(st.hints_ignored.values()),
+            st.errors,
+            f"{journal.url} ({journal.written} records written)" if journal is not None else "none",
+        )
 
     def flush(self) -> None:
         """Apply what is buffered and wait until the journal holds it."""

@@ -242,3 +242,16 @@ def test_placeholders_name_the_process_and_the_data_parallel_rank() -> None:
     settings = load_settings({"kvbroker_client_id": "vllm-dp{rank}", "kvbroker_journal": "file:///j/{rank}-{pid}.journal"}, {}, rank=3)
     assert settings.resolved_client_id() == "vllm-dp3"
     assert settings.resolved_journal() == f"file:///j/3-{os.getpid()}.journal"
+
+
+def test_the_counters_are_logged_every_minute(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1_000_000_000_000]
+    monkeypatch.setattr(translate.time, "time_ns", lambda: now[0])
+    t = translator("lru", 4)
+    with caplog.at_level("INFO", logger="vllm.kvbroker"):
+        t.insert(k(1), Chunk(0), Ctx("r"))
+        assert not [r for r in caplog.records if "chunks held" in r.getMessage()]
+        now[0] += translate.REPORT_MS * 1_000_000
+        t.insert(k(2), Chunk(0), Ctx("r"))
+    (line,) = [r.getMessage() for r in caplog.records if "chunks held" in r.getMessage()]
+    assert line.startswith("kvbroker: 2 chunks held, 0 evictions asked (0 refused)") and "journal none" in line
