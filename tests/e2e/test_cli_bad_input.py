@@ -5,6 +5,7 @@ traceback. Serve cases must end on their own: the broker refuses to start."""
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -38,7 +39,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("serve-metrics-held", ["serve", "--listen", "127.0.0.1:0", "--journal", "none", "--metrics-port", "{held}"], "--metrics-port"),
     ("serve-metrics-negative", ["serve", "--listen", "127.0.0.1:0", "--journal", "none", "--metrics-port", "-1"], "metrics"),
     ("serve-metrics-word", ["serve", "--metrics-port", "ninety"], "--metrics-port"),
-    ("serve-metrics-host", ["serve", "--listen", "127.0.0.1:0", "--journal", "none", "--metrics-port", "{closed}", "--metrics-host", "no.such.host.invalid"], "--metrics-host"),
+    (
+        "serve-metrics-host",
+        ["serve", "--listen", "127.0.0.1:0", "--journal", "none", "--metrics-port", "{closed}", "--metrics-host", "no.such.host.invalid"],
+        "--metrics-host",
+    ),
     ("serve-journal-scheme", ["serve", "--listen", "127.0.0.1:0", "--journal", "ftp://x/y"], "--journal"),
     ("serve-journal-no-folder", ["serve", "--listen", "127.0.0.1:0", "--journal", "file://{tmp}/no/such/dir/j.journal"], "--journal"),
     ("serve-journal-plain-no-folder", ["serve", "--listen", "127.0.0.1:0", "--journal", "{tmp}/no/such/dir/j.journal"], "--journal"),
@@ -75,19 +80,43 @@ CASES: list[tuple[str, list[str], str]] = [
     ("replay-policy-unknown", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lruu"], "--policy"),
     ("replay-hbm-unit", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--hbm", "4XB"], "--hbm"),
     ("replay-hbm-negative", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--hbm", "-1GiB"], "--hbm"),
-    ("replay-nvme-no-tier", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--config", "{config}", "--dram", "1GiB"], "--dram"),
+    (
+        "replay-nvme-no-tier",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--config", "{config}", "--dram", "1GiB"],
+        "--dram",
+    ),
     ("replay-param-syntax", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--param", "lru"], "--param"),
     ("replay-param-key", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--param", "lru.nokey=1"], "--param"),
-    ("replay-param-policy", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--param", "nosuch.k=1"], "--param"),
+    (
+        "replay-param-policy",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--param", "nosuch.k=1"],
+        "--param",
+    ),
     ("replay-jobs-negative", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--jobs", "-1"], "--jobs"),
-    ("replay-bytes-per-token-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--bytes-per-token", "0"], "--bytes-per-token"),
+    (
+        "replay-bytes-per-token-0",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--bytes-per-token", "0"],
+        "--bytes-per-token",
+    ),
     ("replay-tpot-negative", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--tpot-us", "-5"], "--tpot-us"),
-    ("replay-block-tokens-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--block-tokens", "0"], "--block-tokens"),
-    ("replay-us-per-step-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--us-per-step", "0"], "--us-per-step"),
+    (
+        "replay-block-tokens-0",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--block-tokens", "0"],
+        "--block-tokens",
+    ),
+    (
+        "replay-us-per-step-0",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--us-per-step", "0"],
+        "--us-per-step",
+    ),
     ("replay-scale-negative", ["replay", "--trace", "balanced", "--format", "profile", "--policy", "lru", "--scale", "-1"], "--scale"),
     ("replay-scale-nan", ["replay", "--trace", "balanced", "--format", "profile", "--policy", "lru", "--scale", "nan"], "--scale"),
     ("replay-quant", ["replay", "--trace", "{trace}", "--format", "mooncake", "--quant", "fp4"], "--quant"),
-    ("replay-csv-no-folder", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--csv", "{tmp}/no/dir/out.csv"], "--csv"),
+    (
+        "replay-csv-no-folder",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--csv", "{tmp}/no/dir/out.csv"],
+        "--csv",
+    ),
     ("replay-plot-a-file", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--plot", "{text}"], "--plot"),
     ("replay-config-missing", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{tmp}/nope.toml"], "--config"),
     ("replay-config-malformed", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{bad_toml}"], "--config"),
@@ -111,8 +140,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("import-out-no-folder", ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "file://{tmp}/no/dir/o.journal"], "--out"),
     ("import-out-a-folder", ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "{tmp}"], "--out"),
     ("import-out-redis", ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "redis://127.0.0.1:{closed}/0"], "--out"),
-    ("import-config-missing", ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "{tmp}/o.journal", "--config", "{tmp}/nope.toml"], "--config"),
-    ("import-bytes-per-token", ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "{tmp}/o.journal", "--bytes-per-token", "-1"], "--bytes-per-token"),
+    (
+        "import-config-missing",
+        ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "{tmp}/o.journal", "--config", "{tmp}/nope.toml"],
+        "--config",
+    ),
+    (
+        "import-bytes-per-token",
+        ["import", "--trace", "{trace}", "--format", "mooncake", "--out", "{tmp}/o.journal", "--bytes-per-token", "-1"],
+        "--bytes-per-token",
+    ),
     # ---- repair
     ("repair-missing", ["repair", "{tmp}/none.journal"], "journal"),
     ("repair-not-a-journal", ["repair", "{text}"], "journal"),
@@ -142,22 +179,138 @@ CASES: list[tuple[str, list[str], str]] = [
     ("bench-target-unreachable", ["bench", "--target", "127.0.0.1:{closed}", "--quick"], "--target"),
     ("bench-redis-url", ["bench", "--redis", "http://x", "--quick", "--journals", "redis"], "--redis"),
     # ---- vllm-bridge
-    ("bridge-events-no-tcp", ["vllm-bridge", "--events", "localhost:5557", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b"], "--events"),
-    ("bridge-events-no-port", ["vllm-bridge", "--events", "tcp://localhost", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b"], "--events"),
-    ("bridge-replay-no-tcp", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--replay", "127.0.0.1:5657", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b"], "--replay"),
-    ("bridge-broker-notaport", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "nohost", "--model", "llama-3-8b"], "--broker"),
-    ("bridge-model", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "no-such-model"], "--model"),
-    ("bridge-dp-size-0", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--dp-size", "0"], "--dp-size"),
-    ("bridge-tier-map", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--tier-map", "GPU"], "--tier-map"),
-    ("bridge-stats-interval", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--stats-interval", "-1"], "--stats-interval"),
-    ("bridge-replay-timeout", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--replay-timeout", "-1"], "--replay-timeout"),
-    ("bridge-capture-no-folder", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--capture", "{tmp}/no/dir/c.bin"], "--capture"),
-    ("bridge-stats-file-no-folder", ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b", "--stats-file", "{tmp}/no/dir/s.json"], "--stats-file"),
+    (
+        "bridge-events-no-tcp",
+        ["vllm-bridge", "--events", "localhost:5557", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b"],
+        "--events",
+    ),
+    (
+        "bridge-events-no-port",
+        ["vllm-bridge", "--events", "tcp://localhost", "--broker", "127.0.0.1:{closed}", "--model", "llama-3-8b"],
+        "--events",
+    ),
+    (
+        "bridge-replay-no-tcp",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--replay",
+            "127.0.0.1:5657",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+        ],
+        "--replay",
+    ),
+    (
+        "bridge-broker-notaport",
+        ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "nohost", "--model", "llama-3-8b"],
+        "--broker",
+    ),
+    (
+        "bridge-model",
+        ["vllm-bridge", "--events", "tcp://127.0.0.1:{closed}", "--broker", "127.0.0.1:{closed}", "--model", "no-such-model"],
+        "--model",
+    ),
+    (
+        "bridge-dp-size-0",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--dp-size",
+            "0",
+        ],
+        "--dp-size",
+    ),
+    (
+        "bridge-tier-map",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--tier-map",
+            "GPU",
+        ],
+        "--tier-map",
+    ),
+    (
+        "bridge-stats-interval",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--stats-interval",
+            "-1",
+        ],
+        "--stats-interval",
+    ),
+    (
+        "bridge-replay-timeout",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--replay-timeout",
+            "-1",
+        ],
+        "--replay-timeout",
+    ),
+    (
+        "bridge-capture-no-folder",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--capture",
+            "{tmp}/no/dir/c.bin",
+        ],
+        "--capture",
+    ),
+    (
+        "bridge-stats-file-no-folder",
+        [
+            "vllm-bridge",
+            "--events",
+            "tcp://127.0.0.1:{closed}",
+            "--broker",
+            "127.0.0.1:{closed}",
+            "--model",
+            "llama-3-8b",
+            "--stats-file",
+            "{tmp}/no/dir/s.json",
+        ],
+        "--stats-file",
+    ),
 ]
 
 
-@pytest.fixture
-def places(tmp_path: Path) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The files and ports of the cases, made once per module (no case writes into them)."""
+    tmp_path = tmp_path_factory.mktemp("places")
     trace = tmp_path / "trace.jsonl"
     with MOONCAKE.open() as f:
         trace.write_text("".join(next(f) for _ in range(3)))
@@ -202,7 +355,8 @@ def places(tmp_path: Path) -> Iterator[dict[str, str]]:
 @pytest.mark.parametrize(("argv", "names"), [pytest.param(argv, names, id=case) for case, argv, names in CASES])
 def test_a_mistake_is_one_line_naming_the_field_and_exit_2(argv: list[str], names: str, places: dict[str, str], tmp_path: Path) -> None:
     args = [a.format(**places) for a in argv]
-    env = {**os.environ, "KVBROKER_TOKEN": "", "KVBROKER_TLS_CA": ""}
+    # The TLS and token variables would change what status and ab read.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVBROKER_TLS_", "KVBROKER_TOKEN"))}
     done = subprocess.run([str(KVBROKER), *args], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, f"exit {done.returncode}: {done.stderr}"
@@ -210,3 +364,16 @@ def test_a_mistake_is_one_line_naming_the_field_and_exit_2(argv: list[str], name
     assert len(lines) == 1, done.stderr
     assert names.lower() in lines[0].lower(), lines[0]
     assert lines[0].startswith("kvbroker"), lines[0]
+
+
+def test_the_errors_of_a_replay_job_survive_the_trip_from_its_worker_process() -> None:
+    """A parallel sweep's job fails in a worker and its error is pickled back: an error that
+    cannot be rebuilt from its pickle breaks the pool (BrokenProcessPool, a traceback)."""
+    from broker.replay.traces import TraceError
+    from clients.vllm_events import CaptureError
+
+    trace = pickle.loads(pickle.dumps(TraceError("t.jsonl", 3, "hash_ids", "expected a list")))
+    assert (trace.path, trace.line, trace.field, trace.reason) == ("t.jsonl", 3, "hash_ids", "expected a list")
+    assert str(trace) == "t.jsonl:3: hash_ids: expected a list"
+    capture = pickle.loads(pickle.dumps(CaptureError("c.bin", 7, "torn")))
+    assert (capture.path, capture.index, capture.reason, str(capture)) == ("c.bin", 7, "torn", "c.bin: record 7: torn")
