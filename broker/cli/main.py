@@ -142,15 +142,13 @@ def _reachable(args: argparse.Namespace, verb: str) -> None:
         raise BadInput("--target", f"cannot reach {args.target}: {exc.code().name}: {exc.details()}") from None
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    stats = _stats_or_none("status", args)
-    if stats is None:
-        return 2
+def status_record(stats: Any) -> dict[str, Any]:
+    """The `kvbroker status --json` object of a GetStats reply (its field names are a contract)."""
     tiers = [
         {"name": t.name, "blocks": t.blocks, "bytes": t.bytes, "capacity_bytes": t.capacity_bytes, "pinned_bytes": t.pinned_bytes}
         for t in stats.tiers
     ]
-    record: dict[str, Any] = {
+    return {
         "broker_id": stats.broker_id,
         "policy": stats.policy,
         "config_generation": stats.config_generation,
@@ -177,6 +175,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         "refused_streams": dict(sorted(stats.refused_streams.items())),
         "revoked_streams": stats.revoked_streams,
     }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    stats = _stats_or_none("status", args)
+    if stats is None:
+        return 2
+    record = status_record(stats)
+    tiers = record["tiers"]
     if args.json:
         print(json.dumps(record, indent=2))
         return 0
@@ -690,7 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run the broker")
     p.add_argument("--config", help="TOML config file (defaults: HBM/DRAM/NVMe tiers, lru, file journal)")
     p.add_argument("--listen", help="HOST:PORT to listen on (overrides broker.listen; port 0 picks a free one)")
-    p.add_argument("--journal", help="redis://HOST:PORT/DB, file://PATH or none (overrides journal.url)")
+    p.add_argument(
+        "--journal", help="file://PATH (or a plain path), redis://HOST:PORT/DB, redis+cluster://HOST:PORT or none (overrides journal.url)"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["text", "json"], help="text, or one JSON object per line (overrides telemetry.log_format)")
     p.add_argument(
@@ -748,20 +756,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
     p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
-    p.add_argument("--progress", action="store_true", help="always draw the progress bar on stderr (default: when it is a terminal)")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal, as plain lines (on a terminal it is shown anyway: "
+        "a bar per job, or one overall bar when jobs run in parallel)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
         help='a JSON array, one record per (source, policy, parameters, capacity); a fleet total row has source "fleet"',
     )
     p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
-    p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")
+    p.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write PNG plots to DIR: hit rate and prefix hit rate by size, latency CDF, bytes moved "
+        "(a chart with nothing to show is left out)",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="convert a trace into a journal file that replay reads")
     _trace_flags(p, required=True)
-    p.add_argument("--out", required=True, help="file://PATH of the journal to write")
-    p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
+    p.add_argument("--out", required=True, help="file://PATH (or a plain path) of the journal to write")
+    p.add_argument(
+        "--config",
+        help="config to record in the journal, the tiers replay will use (default: those replay --trace uses: a profile's own, "
+        "or the hbm/dram/nvme defaults)",
+    )
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("repair", help="keep every intact record of a damaged file journal (the broker stopped); report what is cut")

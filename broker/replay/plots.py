@@ -35,11 +35,19 @@ def _top_capacity(rec: dict[str, Any]) -> tuple[str, float]:
     return "cache size (GiB)", rec["capacity_bytes"][name] / 2**30
 
 
-def _label(rec: dict[str, Any], swept: bool) -> str:
+def _swept(records: list[dict[str, Any]]) -> set[str]:
+    """The policies whose parameters vary between records (--param)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for rec in records:
+        seen[rec["policy"]].add(str(rec.get("params")))
+    return {policy for policy, params in seen.items() if len(params) > 1}
+
+
+def _label(rec: dict[str, Any], swept: set[str]) -> str:
     """The series a record belongs to: its policy, its parameters when a sweep varies them,
     and whether the intent was stripped (as the table's policy column)."""
     label = rec["policy"]
-    if swept and rec.get("params"):
+    if rec["policy"] in swept and rec.get("params"):
         label += "(" + ", ".join(f"{k}={v}" for k, v in rec["params"].items()) + ")"
     return label + (" -intent" if rec.get("intent") == "stripped" else "")
 
@@ -50,7 +58,7 @@ def charts(records: list[dict[str, Any]], title: str = "") -> list[Chart]:
         records = [r for r in records if r.get("source") == "fleet"]  # a fleet: its total rows
     if not records:
         return []
-    swept = len({str(r.get("params")) for r in records}) > 1
+    swept = _swept(records)
     xlabel = _top_capacity(records[0])[0]
     out = []
     for field, name, what, show in (
