@@ -60,3 +60,27 @@ def test_a_prompt_only_run_writes_no_bytes_moved_chart(tmp_path: Path, capsys: p
     assert prefix == {
         p: sorted((float(r["capacity_tokens"]["hbm"]), r["prefix_hit_rate"]) for r in records if r["policy"] == p) for p in ("lru", "fifo")
     }
+
+
+def test_a_series_names_its_parameters_only_when_the_sweep_varies_them() -> None:
+    def record(policy: str, params: dict[str, Any], hbm: int, hit: float) -> dict[str, Any]:
+        return {
+            "policy": policy,
+            "params": params,
+            "capacity_bytes": {"hbm": hbm},
+            "capacity_tokens": None,
+            "accesses": 10,
+            "hit_rate": hit,
+            "prompt_blocks": 0,
+            "prefix_hits": 0,
+            "bytes_up": 0,
+            "bytes_down": 0,
+        }
+
+    records = [
+        record("s3fifo", {"small_ratio": 0.1}, 2**30, 0.5),
+        record("s3fifo", {"small_ratio": 0.2}, 2**30, 0.6),
+        record("belady", {"size_window": 0}, 2**30, 0.9),
+    ]
+    (hit,) = charts(records)
+    assert hit.series == {"belady": [(1.0, 0.9)], "s3fifo(small_ratio=0.1)": [(1.0, 0.5)], "s3fifo(small_ratio=0.2)": [(1.0, 0.6)]}
