@@ -321,8 +321,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         grid = parse_params(args.param, policies)
     except PolicyError as exc:
-        message = str(exc)  # grid's own messages start "--param FLAG: ..."
-        raise BadInput("--param", message.removeprefix("--param: ").removeprefix("--param ")) from None
+        message = str(exc)  # grid's own messages name the flag: "--param FLAG: ..."
+        print(f"kvbroker replay: {message if message.startswith('--param') else '--param: ' + message}", file=sys.stderr)
+        return 2
     try:
         planned: list[PlannedSource] = []
         if args.journal:
@@ -376,7 +377,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             try:
                 records = run_jobs_on_ray(jobs, args.ray or None, num_cpus=args.jobs or None)
             except RayMissing as exc:
-                print(f"kvbroker replay: --ray: {exc}", file=sys.stderr)
+                print(f"kvbroker replay: {exc}", file=sys.stderr)  # "--ray needs Ray, ..."
                 return 2
             except SweepFailed as exc:
                 print(f"kvbroker replay: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from broker.cli.checks import BadInput, check_bindable, split_host_port
 from broker.config import BrokerConfig, ConfigError
 from broker.config.settings import check_listen
 from broker.journal import JournalError, file_path, is_file_url, split_redis_url, unknown_scheme
+from broker.journal.cluster import check_one_slot
 from broker.journal.records import MAGIC
 from broker.journal.redis_stream import stream_exists
 from broker.journal.redis_urls import cluster_nodes, is_cluster_url, is_redis_url
@@ -49,6 +50,8 @@ def check_journal(config: BrokerConfig, field: str) -> None:
                 cluster_nodes(conn)
         except (JournalError, ValueError) as exc:
             raise BadInput(field, str(exc)) from None
+        if is_cluster_url(url):
+            check_one_slot(config.stream_key())  # a JournalError of journal.stream, said by main() as the broker says it
         if config.journal.recover:
             # The broker reads its journal back at start: without Redis it cannot.
             try:
