@@ -75,6 +75,8 @@ def _endpoint(text: str) -> str:
     if text.startswith("ipc://") and len(text) > len("ipc://"):
         return text
     host, sep, port = text.removeprefix("tcp://").rpartition(":")
+    if text.startswith("tcp://") and port == "0":
+        raise argparse.ArgumentTypeError(f"{text!r}: port 0 is chosen by the OS (per rank); give vLLM and the bridge a fixed port")
     if not text.startswith("tcp://") or not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1..65535) or ipc://PATH, got {text!r}")
     if host == "*":
