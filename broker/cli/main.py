@@ -639,6 +639,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise BadInput("--redis", f"expected redis://HOST:PORT/DB (or rediss://, unix://), got {args.redis!r}")
     if args.target:
         _reachable(args, "bench")
+    elif journals and "redis" in journals:
+        from broker.bench.run import redis_reachable
+
+        # Asked for by name, not skipped with a note as when --journals is left to its default.
+        why = redis_reachable(args.redis)
+        if why:
+            raise BadInput("--redis", f"{args.redis} does not answer ({why}), and --journals names redis")
     changes: dict[str, Any] = {"target": args.target, "policy": args.policy, "redis_url": args.redis, "window": args.window}
     changes["seed"] = args.seed
     changes["prefix_cache"] = args.prefix_cache

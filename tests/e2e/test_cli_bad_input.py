@@ -178,6 +178,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("bench-target-notaport", ["bench", "--target", "notaport", "--quick"], "--target"),
     ("bench-target-unreachable", ["bench", "--target", "127.0.0.1:{closed}", "--quick"], "--target"),
     ("bench-redis-url", ["bench", "--redis", "http://x", "--quick", "--journals", "redis"], "--redis"),
+    ("bench-redis-down", ["bench", "--redis", "redis://127.0.0.1:{closed}/0", "--quick", "--journals", "redis"], "--redis"),
     # ---- vllm-bridge
     (
         "bridge-events-no-tcp",
