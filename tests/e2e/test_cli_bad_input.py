@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.journal.file import take_lock
+
 pytestmark = pytest.mark.e2e
 
 KVBROKER = Path(sys.executable).parent / "kvbroker"
@@ -24,7 +26,8 @@ MOONCAKE = Path(__file__).parents[1] / "data" / "mooncake" / "synthetic_trace.js
 # is not JSON; {config} a good TOML config; {bad_toml} malformed TOML; {neg_toml} a negative
 # capacity; {text} a file that is no journal; {journal} a good file journal (no config
 # record: what import writes without --config); {closed} a loopback port nothing listens on;
-# {held} a loopback port another program listens on.
+# {held} a loopback port another program listens on; {held_journal} a journal whose lock this
+# process holds (as a running broker would).
 CASES: list[tuple[str, list[str], str]] = [
     # ---- the command itself
     ("no-verb", [], "verb"),
@@ -49,6 +52,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("serve-journal-plain-no-folder", ["serve", "--listen", "127.0.0.1:0", "--journal", "{tmp}/no/such/dir/j.journal"], "--journal"),
     ("serve-journal-a-folder", ["serve", "--listen", "127.0.0.1:0", "--journal", "{tmp}"], "--journal"),
     ("serve-journal-not-a-journal", ["serve", "--listen", "127.0.0.1:0", "--journal", "{text}"], "--journal"),
+    ("serve-journal-in-use", ["serve", "--listen", "127.0.0.1:0", "--journal", "{held_journal}"], "--journal"),
     ("serve-journal-redis-down", ["serve", "--listen", "127.0.0.1:0", "--journal", "redis://127.0.0.1:{closed}/0"], "--journal"),
     ("serve-config-missing", ["serve", "--config", "{tmp}/nope.toml"], "--config"),
     ("serve-config-malformed", ["serve", "--config", "{bad_toml}"], "--config"),
@@ -335,6 +339,10 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
+    # A journal another broker writes: its lock held (as FileJournal holds it).
+    held_journal = tmp_path / "held.journal"
+    held_journal.write_bytes(b"")
+    lock = take_lock(str(held_journal))
     try:
         yield {
             "tmp": str(tmp_path),
@@ -347,10 +355,12 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "journal": f"file://{journal}",
             "closed": str(closed.getsockname()[1]),
             "held": str(held.getsockname()[1]),
+            "held_journal": str(held_journal),
         }
     finally:
         closed.close()
         held.close()
+        os.close(lock)
 
 
 @pytest.mark.parametrize(("argv", "names"), [pytest.param(argv, names, id=case) for case, argv, names in CASES])
