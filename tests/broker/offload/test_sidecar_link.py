@@ -1,0 +1,96 @@
+"""BrokerLink against a real `kvbroker serve` on loopback: answers in time when the broker is
+up, no wait at all when it is down (SIGKILL), and the same link serves again once a broker
+is back on the port."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.offload.link import DOWN, TIMEOUT, BrokerLink, Unanswered
+from clients.broker_client import accessed_event, allocated_event
+from kvbroker.v1 import directive_pb2 as dpb
+from tests.e2e.test_cli import start_serve
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = '[policy]\nname = "lru"\n[[tiers]]\nname = "cpu"\ncapacity = 64\nhigh_watermark = 1.0\nlow_watermark = 1.0\n'
+
+
+def serve(tmp_path: Path, port: int = 0) -> tuple[subprocess.Popen[str], int]:
+    return start_serve(tmp_path, "--journal", f"file://{tmp_path}/broker.journal", "--listen", f"127.0.0.1:{port}", config_text=CONFIG)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_ask_answers_in_time_then_says_down_at_once_then_serves_again(tmp_path: Path) -> None:
+    proc, port = serve(tmp_path)
+    link = BrokerLink(f"127.0.0.1:{port}", "dp0", backoff_initial_s=0.02, backoff_max_s=0.1)
+    try:
+        assert link.wait_connected(10)
+        link.send([allocated_event(f"b{i}", 1, i, tier="cpu") for i in range(8)])
+        answer = link.ask([accessed_event(["b0", "b1"], 9)], timeout=5.0)
+        assert isinstance(answer, dpb.DirectiveBatch), answer
+        # The answer is for the batch that carries the asking event: it and everything
+        # queued before it are applied, in order.
+        assert answer.accepted_events >= 1 and not answer.rejections
+
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while link.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not link.connected
+        # Down: no wait at all, the events are kept for the resend.
+        started = time.perf_counter()
+        down = link.ask([accessed_event(["b2"], 10)], timeout=5.0)
+        assert isinstance(down, Unanswered) and down.reason == DOWN
+        assert time.perf_counter() - started < 0.5
+
+        proc, port2 = serve(tmp_path, port)
+        assert port2 == port
+        assert link.wait_connected(10)
+        again = link.ask([accessed_event(["b3"], 11)], timeout=5.0)
+        assert isinstance(again, dpb.DirectiveBatch), again
+        assert not again.rejections
+        counters = link.counters()
+        assert counters["client_connects"] >= 2 and counters["dropped_events"] == 0
+        # The journal survived the kill and the resend lost nothing: no resync is asked for.
+        assert not link.take_resync()
+    finally:
+        link.close()
+        stop(proc)
+
+
+def test_ask_times_out_within_its_bound_when_the_broker_does_not_answer(tmp_path: Path) -> None:
+    proc, port = serve(tmp_path)
+    link = BrokerLink(f"127.0.0.1:{port}", "dp0", backoff_initial_s=0.02, backoff_max_s=0.1)
+    try:
+        assert link.wait_connected(10)
+        # A stopped (not killed) broker keeps its socket open: the stream looks up, no answer comes.
+        proc.send_signal(signal.SIGSTOP)
+        started = time.perf_counter()
+        result = link.ask([allocated_event("x", 1, 1, tier="cpu")], timeout=0.005)
+        took = time.perf_counter() - started
+        assert isinstance(result, Unanswered) and result.reason == TIMEOUT
+        assert took < 0.005 + 0.25  # the bound plus a generous scheduling margin (loaded machine)
+        proc.send_signal(signal.SIGCONT)
+        # The late answer still arrives: the batch was applied once, nothing is lost.
+        late = link.ask([accessed_event(["x"], 2)], timeout=5.0)
+        assert isinstance(late, dpb.DirectiveBatch) and not late.rejections
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        link.close()
+        stop(proc)
