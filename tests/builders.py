@@ -62,3 +62,7 @@ class Driver:
 
     def used(self) -> list[int]:
         return [t.used for t in self.core.tiers]
+
+
+def evict_request(count: int, *protected: str, tier: str = "", ts: int = 0) -> pb.Event:
+    return pb.Event(ts_us=ts, eviction_requested=pb.EvictionRequested(tier=tier, count=count, protected_block_ids=protected))

@@ -65,12 +65,14 @@ static const msgdef M_UPDATED = {
 static const msgdef M_IDS = {1, 0, 0, {F_NONE, F_RSTR}, {0}}; /* BlocksReleased, BlocksFreed */
 static const msgdef M_EMPTY = {0, 0, 0, {F_NONE}, {0}};        /* AllBlocksCleared */
 static const msgdef M_ACKED = {4, 0, 0, {F_NONE, F_VARINT, F_VARINT, F_STR, F_STR}, {0}};
+/* EvictionRequested: 1 tier, 2 count, 3 protected_block_ids (repeated) */
+static const msgdef M_EVICTION = {3, 0, 0, {F_NONE, F_STR, F_VARINT, F_RSTR}, {0}};
 static const msgdef M_EVENT = {
-    8, 2, 8,
+    9, 2, 9,
     /* 1 ts_us; oneof kind: 2 allocated, 3 accessed, 4 intent_updated, 5 released,
-       6 freed, 7 cleared, 8 acked */
-    {F_NONE, F_VARINT, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG},
-    {NULL, NULL, &M_ALLOCATED, &M_ACCESSED, &M_UPDATED, &M_IDS, &M_IDS, &M_EMPTY, &M_ACKED},
+       6 freed, 7 cleared, 8 acked, 9 eviction_requested */
+    {F_NONE, F_VARINT, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG, F_MSG},
+    {NULL, NULL, &M_ALLOCATED, &M_ACCESSED, &M_UPDATED, &M_IDS, &M_IDS, &M_EMPTY, &M_ACKED, &M_EVICTION},
 };
 /* IntentBatch: 1 client_id, 2 batch_seq, 3 events (repeated, scanned by the caller), 4 tenant,
  * 5 broker_received_us */
@@ -513,9 +515,18 @@ static PyObject *acked(PyObject *kind, PyObject *ts, const slot_t *msg) {
     return pack(5, items);
 }
 
+static PyObject *eviction(PyObject *kind, PyObject *ts, const slot_t *msg) {
+    slot_t e[4];
+    fill(&M_EVICTION, msg->s, msg->s + msg->n, e);
+    PyObject *ids = PyList_New(e[3].n);
+    if (ids != NULL && e[3].n && collect_strings(msg->s, msg->s + msg->n, 3, ids, 0)) Py_CLEAR(ids);
+    PyObject *items[] = {kind, ts, str_of(&e[1]), u32_of(&e[2]), ids};
+    return pack(5, items);
+}
+
 /* One event's tuple (layouts in broker/model/wire.py). */
 static PyObject *event_tuple(const uint8_t *p, const uint8_t *end, PyObject *blocks) {
-    slot_t ev[9];
+    slot_t ev[10];
     fill(&M_EVENT, p, end, ev);
     int k = 0;
     for (int i = M_EVENT.oneof_lo; i <= M_EVENT.oneof_hi; i++) {
@@ -540,6 +551,8 @@ static PyObject *event_tuple(const uint8_t *p, const uint8_t *end, PyObject *blo
             return named_blocks(kind, ts, &ev[k], &M_IDS, blocks, 0);
         case 8:
             return acked(kind, ts, &ev[8]);
+        case 9:
+            return eviction(kind, ts, &ev[9]);
         default: { /* 0: no kind set; 7: cleared */
             PyObject *items[] = {kind, ts};
             return pack(2, items);

@@ -51,6 +51,7 @@ from broker.model.wire import (
     ACCESSED,
     ALLOCATED,
     CLEARED,
+    EVICTION,
     FREED,
     KIND_NAMES,
     NONE,
@@ -143,7 +144,7 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     # Applied events by kind, counted in native ints and added to stats.events once per
     # batch: a dict item bumped per event (its name looked up, a boxed add, the item set)
     # was 6% of apply_batch's instructions on the bench workload.
-    accessed = updated = allocated = released = freed = cleared = acked = 0
+    accessed = updated = allocated = released = freed = cleared = acked = evictions = 0
     # Declared: the reader is a protocol, and compiled, an event of unknown type was indexed
     # by a generic getitem (ev[0], ev[1]), a tuple is indexed directly.
     ev: tuple[Any, ...]
@@ -186,6 +187,9 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
                     _at(core, ts_us, received, tenant)
                     _cleared(core, client)
                     cleared += 1
+                elif kind == EVICTION:
+                    _eviction_requested(core, ev, tenant, ts_us, received)
+                    evictions += 1
                 else:
                     _acked(core, ev, tenant, ts_us, received)
                     acked += 1
@@ -196,7 +200,7 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
             index += 1
     finally:  # also when a batch stops on an error that is not the event's: what was applied counts
         seen = core.stats.events
-        counts = (allocated, accessed, updated, released, freed, cleared, acked)  # kinds ALLOCATED .. ACKED
+        counts = (allocated, accessed, updated, released, freed, cleared, acked, evictions)  # kinds ALLOCATED .. EVICTION
         for name, count in zip(KIND_NAMES[ALLOCATED:], counts, strict=True):
             if count:
                 seen[name] += count
@@ -506,3 +510,35 @@ def _acked(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: i
         raise EventError("acked.directive_id", f"unknown or already acknowledged directive {directive_id}", "FAILED_PRECONDITION")
     _at(core, ts_us, received, tenant)
     core.ack(directive_id, status == _ACK_DONE, actual)
+
+
+def _eviction_requested(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
+    """The engine needs room in a tier now (vLLM's CachePolicy.evict): exactly ``count``
+    victims, none protected, dropped; or the event is rejected and nothing changes."""
+    tier_name: str = ev[2]
+    t = core.resolve_tier(tier_name, "eviction_requested.tier", empty=0) if tier_name else 0
+    count: int = ev[3]
+    protected_ids: list[str] = ev[4]
+    protected = set(protected_ids)
+    clock = core.clock
+    # Chosen at the event's time (policies may score by it), before the clock really moves:
+    # a rejected event leaves time where it was.
+    saved = clock.now_us
+    if ts_us > saved:
+        clock.now_us = ts_us
+    try:
+        victims = core.choose_count(t, count, protected)
+        if tenant:
+            # The tier's policy chooses among every tenant's blocks: a tenant may only make
+            # room with its own.
+            for victim in victims:
+                if victim.tenant != tenant:
+                    raise EventError("eviction_requested.count", "a victim the policy chose belongs to another tenant", "PERMISSION_DENIED")
+    finally:
+        clock.now_us = saved
+    prefetches = core.stats.prefetches
+    _at(core, ts_us, received, tenant)
+    if core.stats.prefetches != prefetches:
+        # Moving the clock promoted blocks (deadline prefetch): choose again in the tier as it is now.
+        victims = core.choose_count(t, count, protected)
+    core.evict_chosen(t, victims)

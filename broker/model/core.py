@@ -428,6 +428,48 @@ class Core:
         reason = "recompute cheaper than reload" if drop else "over high watermark; no lower tier"
         self._emit(DirectiveKind.EVICT, victim, t, DROPPED, score, reason)
 
+    def choose_count(self, t: int, count: int, protected: AbstractSet[str]) -> list[Block]:
+        """Exactly ``count`` victims of tier t's policy, none in ``protected``, changing
+        nothing (EvictionRequested); raises EventError naming how many could be chosen.
+
+        Policies choose by bytes: asked for ``count`` bytes, they name at most ``count``
+        blocks (every block has at least one byte), exactly ``count`` when those blocks are of
+        one byte, as the vLLM adapter's chunks are: one call, O(victims + protected stepped
+        over). With larger blocks, the policy is asked for every evictable byte and the first
+        ``count`` of its choice are taken (O(the tier), only then)."""
+        if count <= 0:
+            return []
+        policy = self.tiers[t].policy
+        victims = policy.choose_victims(count, protected)
+        if victims is not None and len(victims) == count:
+            return victims
+        blocks = self.blocks
+        shielded = [b for b in protected if b in policy]
+        available = len(policy) - len(shielded)
+        if available >= count:
+            free_bytes = self.tiers[t].used - self.tiers[t].pinned_bytes - sum(blocks[b].size for b in shielded)
+            victims = policy.choose_victims(free_bytes, protected)
+            if victims is not None and len(victims) >= count:
+                return victims[:count]
+            available = len(victims) if victims is not None else 0
+        raise EventError(
+            "eviction_requested.count",
+            f"{count} victims asked in tier {self.tiers[t].name!r}, only {available} can be chosen "
+            f"({len(policy)} evictable, {len(shielded)} of them protected); nothing was evicted",
+            "RESOURCE_EXHAUSTED",
+        )
+
+    def evict_chosen(self, t: int, victims: list[Block]) -> None:
+        """Drop victims ``choose_count`` named in tier t (EVICT directives, never a demotion:
+        the engine needs the room in this tier now)."""
+        policy = self.tiers[t].policy
+        stats = self.stats
+        for victim in victims:
+            score = policy.score(victim)
+            self._detach(victim, as_victim=True)
+            stats.evictions += 1
+            self._emit(DirectiveKind.EVICT, victim, t, DROPPED, score, "eviction requested by the engine")
+
     def _move(self, block: Block, t: int, protected: AbstractSet[str]) -> bool:
         """Move a block into tier t if room can be made there; True if moved."""
         if not self._make_room(t, block.size, protected):

@@ -7,7 +7,7 @@ from typing import Any, Final
 from mypy_extensions import mypyc_attr
 
 DIRECTIVE_KINDS = ("evict", "demote", "promote", "prefetch")
-EVENT_KINDS = ("allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
+EVENT_KINDS = ("allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked", "eviction_requested")
 
 
 # Every counter of CoreStats (merged() walks them; a compiled class has no __slots__ to read).

@@ -33,6 +33,8 @@ Tuple layouts (index: field), by kind (the number of the ``Event.kind`` field):
 - ``intent_updated``: ``(UPDATED, ts_us, block_id, *changes)``: ``U_*`` below; every
   ``optional`` field None when unset, ``clear_deadline`` a bool
 - ``acked``: ``(ACKED, ts_us, directive_id, status, actual_tier)``
+- ``eviction_requested``: ``(EVICTION, ts_us, tier, count, protected_ids)``, the protected
+  ids a list of strings (in the order sent, repeats kept)
 
 Integers are what protobuf reads: int64 fields signed, uint32 fields their low 32 bits,
 enums int32 and kept when unknown.
@@ -67,7 +69,8 @@ RELEASED: Final = 5
 FREED: Final = 6
 CLEARED: Final = 7
 ACKED: Final = 8
-KIND_NAMES: Final = ("", "", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
+EVICTION: Final = 9
+KIND_NAMES: Final = ("", "", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked", "eviction_requested")
 
 # allocated: (ALLOCATED, ts_us, tier, reuse, then the MemoryIntent)
 A_TIER: Final = 2
@@ -207,6 +210,9 @@ def event_tuple(event: pb.Event, blocks: dict[str, Any] | None) -> tuple[Any, ..
     if kind == "acked":
         ack = event.acked
         return (ACKED, ts, ack.directive_id, ack.status, ack.actual_tier)
+    if kind == "eviction_requested":
+        ask = event.eviction_requested
+        return (EVICTION, ts, ask.tier, ask.count, list(ask.protected_block_ids))
     return (NONE, ts)
 
 

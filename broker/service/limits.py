@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.config.limits import LimitsConfig
-from broker.model.wire import CLEARED
+from broker.model.wire import CLEARED, EVICTION
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # An event: its own cost, plus one per block id it names.
@@ -65,6 +65,8 @@ def batch_work(events: Iterable[tuple[Any, ...]], owned: int) -> int:
             held = 0
         elif kind == 2:  # allocated
             held += 1
+        elif kind == EVICTION:  # the victims it asks for, and the protected ids it names
+            work += ev[3] + len(ev[4])
         else:
             at = _IDS_AT.get(kind)
             if at is not None:

@@ -172,8 +172,18 @@ class DirectiveAcked(_message.Message):
     error: str
     def __init__(self, directive_id: _Optional[int] = ..., status: _Optional[_Union[AckStatus, str]] = ..., actual_tier: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
+class EvictionRequested(_message.Message):
+    __slots__ = ("tier", "count", "protected_block_ids")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    count: int
+    protected_block_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tier: _Optional[str] = ..., count: _Optional[int] = ..., protected_block_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Event(_message.Message):
-    __slots__ = ("ts_us", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked")
+    __slots__ = ("ts_us", "allocated", "accessed", "intent_updated", "released", "freed", "cleared", "acked", "eviction_requested")
     TS_US_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_FIELD_NUMBER: _ClassVar[int]
     ACCESSED_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +192,7 @@ class Event(_message.Message):
     FREED_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     ts_us: int
     allocated: BlockAllocated
     accessed: BlocksAccessed
@@ -190,7 +201,8 @@ class Event(_message.Message):
     freed: BlocksFreed
     cleared: AllBlocksCleared
     acked: DirectiveAcked
-    def __init__(self, ts_us: _Optional[int] = ..., allocated: _Optional[_Union[BlockAllocated, _Mapping]] = ..., accessed: _Optional[_Union[BlocksAccessed, _Mapping]] = ..., intent_updated: _Optional[_Union[IntentUpdated, _Mapping]] = ..., released: _Optional[_Union[BlocksReleased, _Mapping]] = ..., freed: _Optional[_Union[BlocksFreed, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., acked: _Optional[_Union[DirectiveAcked, _Mapping]] = ...) -> None: ...
+    eviction_requested: EvictionRequested
+    def __init__(self, ts_us: _Optional[int] = ..., allocated: _Optional[_Union[BlockAllocated, _Mapping]] = ..., accessed: _Optional[_Union[BlocksAccessed, _Mapping]] = ..., intent_updated: _Optional[_Union[IntentUpdated, _Mapping]] = ..., released: _Optional[_Union[BlocksReleased, _Mapping]] = ..., freed: _Optional[_Union[BlocksFreed, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., acked: _Optional[_Union[DirectiveAcked, _Mapping]] = ..., eviction_requested: _Optional[_Union[EvictionRequested, _Mapping]] = ...) -> None: ...
 
 class IntentBatch(_message.Message):
     __slots__ = ("client_id", "batch_seq", "events", "tenant", "broker_received_us")

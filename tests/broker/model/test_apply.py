@@ -8,7 +8,7 @@ import pytest
 from broker.model.apply import apply_batch
 from broker.model.core import Core
 from kvbroker.v1 import intent_pb2 as pb
-from tests.builders import Driver, access, alloc, clear, free, release, update
+from tests.builders import Driver, access, alloc, clear, evict_request, free, release, update
 from tests.conftest import small_config
 
 
@@ -36,6 +36,8 @@ from tests.conftest import small_config
         (pb.Event(ts_us=1), "kind", "INVALID_ARGUMENT", "no kind"),
         (pb.Event(ts_us=-3, accessed=pb.BlocksAccessed(block_ids=["a"])), "ts_us", "INVALID_ARGUMENT", ">= 0"),
         (pb.Event(ts_us=1, acked=pb.DirectiveAcked(directive_id=1)), "acked.status", "INVALID_ARGUMENT", "ACK_STATUS_DONE"),
+        (evict_request(1, tier="tape", ts=1), "eviction_requested.tier", "INVALID_ARGUMENT", "unknown tier 'tape'"),
+        (evict_request(3, "a", ts=1), "eviction_requested.count", "RESOURCE_EXHAUSTED", "only 1 can be chosen"),
     ],
 )
 def test_a_bad_event_is_rejected_with_index_field_reason_and_the_rest_applies(bad: pb.Event, field: str, code: str, words: str) -> None:
@@ -66,6 +68,7 @@ def test_stats_count_the_applied_events_of_each_kind_and_not_the_rejected_ones()
         release("b", ts=3),
     )
     expected = {"allocated": 2, "accessed": 2, "intent_updated": 1, "released": 1, "freed": 0, "cleared": 0, "acked": 0}
+    expected["eviction_requested"] = 0
     assert d.core.stats.events == expected and d.core.stats.rejected_events == 3
     d.send(free("a", ts=4), free("ghost", ts=4), clear(ts=5), access("b", ts=5))  # the clear drops b: the access is rejected
     expected.update(freed=1, cleared=1)

@@ -52,13 +52,28 @@ def reference_read(raw: bytes, blocks: dict[str, Any] | None) -> tuple[tuple[Any
     return (reader.client_id, reader.batch_seq, reader.tenant, reader.count), list(reader.events(blocks))
 
 
+eviction_event = st.builds(
+    lambda t, tier, count, ids: pb.Event(ts_us=t, eviction_requested=pb.EvictionRequested(tier=tier, count=count, protected_block_ids=ids)),
+    st.integers(0, 2**63 - 1),
+    st.sampled_from(["", "hbm", "ünï"]),
+    st.one_of(st.integers(0, 10), st.just(2**32 - 1)),
+    st.lists(st.sampled_from(["a", "b", "", "zz", "ü"]), max_size=4),
+)
+
 batches = st.builds(
     lambda client, seq, tenant, events: pb.IntentBatch(client_id=client, batch_seq=seq, tenant=tenant, events=events),
     st.sampled_from(["", "c1", "ünï"]),
     st.one_of(st.integers(0, 10), st.just(2**64 - 1)),
     st.sampled_from(["", "t1"]),
     st.lists(
-        st.one_of(valid_event(), extreme_event(), st.just(pb.Event(ts_us=3)), st.just(pb.Event(cleared=pb.AllBlocksCleared()))), max_size=12
+        st.one_of(
+            valid_event(),
+            extreme_event(),
+            st.just(pb.Event(ts_us=3)),
+            st.just(pb.Event(cleared=pb.AllBlocksCleared())),
+            eviction_event,
+        ),
+        max_size=12,
     ),
 )
 
@@ -211,6 +226,8 @@ def test_reading_leaks_no_references() -> None:
         pb.Event(ts_us=1, freed=pb.BlocksFreed(block_ids=["a"])),
         pb.Event(ts_us=1, acked=pb.DirectiveAcked(directive_id=2, status=pb.ACK_STATUS_FAILED, actual_tier="dram")),
         pb.Event(ts_us=1, cleared=pb.AllBlocksCleared()),
+        pb.Event(ts_us=1, eviction_requested=pb.EvictionRequested(tier="hbm", count=2, protected_block_ids=["a", "x"])),
+        pb.Event(ts_us=1, eviction_requested=pb.EvictionRequested()),
         pb.Event(ts_us=1),
     ]
     raw = pb.IntentBatch(client_id="c", batch_seq=1, events=events).SerializeToString()
