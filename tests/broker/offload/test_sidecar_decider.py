@@ -62,7 +62,8 @@ class CoreMirror:
     def evict(self, n: int, protected: set[str]) -> list[str] | None:
         request = pb.EvictionRequested(tier=self.tier, count=n, protected_block_ids=sorted(protected))
         self.seq += 1
-        batch = pb.IntentBatch(client_id="local", batch_seq=self.seq, events=[pb.Event(ts_us=self.core.clock.now_us, eviction_requested=request)])
+        event = pb.Event(ts_us=self.core.clock.now_us, eviction_requested=request)
+        batch = pb.IntentBatch(client_id="local", batch_seq=self.seq, events=[event])
         outcome = apply_batch(self.core, batch)
         if outcome.rejections:
             return None
@@ -154,7 +155,9 @@ def test_victims_are_the_brokers_and_the_fallback_holds_the_bound_through_a_kill
     link = BrokerLink(f"127.0.0.1:{port}", "vllm-dp0", backoff_initial_s=0.02, backoff_max_s=0.1)
     clock = [0]
     # Event time is the engine's, for its events and the decider's alike.
-    decider: SidecarDecider[str] = SidecarDecider(link, mirror, deadline_s=DEADLINE_S, cooldown_s=0.2, log_every_s=0.5, now_us=lambda: clock[0])
+    decider: SidecarDecider[str] = SidecarDecider(
+        link, mirror, deadline_s=DEADLINE_S, cooldown_s=0.2, log_every_s=0.5, now_us=lambda: clock[0]
+    )
     engine = Engine(decider, mirror, clock)
     # The broker's decisions, replayed: a core with the broker's config fed the same stream.
     oracle = CoreMirror(policy)
@@ -169,7 +172,8 @@ def test_victims_are_the_brokers_and_the_fallback_holds_the_bound_through_a_kill
             engine.store(key)
             if len(engine.evicted) > before:
                 assert engine.evicted[-1] == oracle.evict(1, {key}), f"step {i}"
-            oracle.apply([accessed_event([key], engine.ts)] if key in oracle.core.blocks else [allocated_event(key, 1, engine.ts, tier="cpu")])
+            held = key in oracle.core.blocks
+            oracle.apply([accessed_event([key], engine.ts) if held else allocated_event(key, 1, engine.ts, tier="cpu")])
         counts = decider.counters()
         assert counts["broker_decisions"] >= 50, counts
         assert counts["fallback_decisions"] == 0, counts
