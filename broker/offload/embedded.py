@@ -1,0 +1,204 @@
+"""The embedded core: kvbroker's deterministic core inside vLLM's scheduler process, and
+its journal written from a thread of its own.
+
+Every batch the adapter makes is applied with ``broker.model.apply.apply_batch`` from its wire
+bytes, the path ``kvbroker serve`` and ``kvbroker replay`` take, and journaled byte for byte
+(with the config first, and the directives of each batch that has some), so that
+``kvbroker replay --journal ... --verify`` reproduces every decision.
+
+The journals (broker.journal) are asyncio writers; vLLM's scheduler is not. Records go
+into a deque (an append, no lock, no I/O on vLLM's path) that a thread running its own
+event loop drains into the journal every ``journal_flush_ms``. The thread is a daemon; the
+journal is flushed and closed at interpreter exit (and by ``close``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from broker.config import core_to_json
+from broker.journal import open_journal
+from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.model.apply import BatchOutcome, apply_batch
+from broker.model.core import Core, Directive
+from broker.offload import events
+from broker.offload.settings import TIER, OffloadSettings
+from kvbroker.v1 import directive_pb2 as dpb
+
+answer_native: Any
+try:
+    from broker.model import _answer as answer_native
+except ImportError:  # the pure Python build
+    answer_native = None
+
+log = logging.getLogger("kvbroker.offload")
+
+# The schema major version written in journal records (kvbroker.v1).
+SCHEMA_MAJOR = 1
+
+
+def directives_payload(client_id: str, seq: int, outcome: BatchOutcome) -> bytes:
+    """The DirectiveBatch of a batch's directives, as the broker journals it (replay
+    ``--verify`` compares the directives)."""
+    if answer_native is not None:
+        return bytes(answer_native.encode_answer(client_id, seq, outcome.directives, outcome.accepted, False, 1))
+    return dpb.DirectiveBatch(
+        client_id=client_id,
+        batch_seq=seq,
+        directives=[_directive_pb(d) for d in outcome.directives],
+        accepted_events=outcome.accepted,
+        config_generation=1,
+    ).SerializeToString()
+
+
+def _directive_pb(d: Directive) -> dpb.Directive:
+    return dpb.Directive(
+        directive_id=d.directive_id,
+        kind=int(d.kind),  # type: ignore[arg-type]
+        block_id=d.block_id,
+        from_tier=d.from_tier,
+        to_tier=d.to_tier,
+        policy=d.policy,
+        score=d.score,
+        reason=d.reason,
+        arrive_by_us=d.arrive_by_us,
+        size_bytes=d.size,
+        config_generation=d.generation,
+    )
+
+
+class JournalThread:
+    """A journal (file, Redis, none) written from a background thread.
+
+    ``append`` never blocks and does no I/O; the thread writes what was appended every
+    ``flush_s`` seconds, in order. Opening the journal happens in ``__init__`` and its error
+    (a bad URL, a file another process holds) is raised there, to the caller."""
+
+    def __init__(self, url: str, stream: str, flush_s: float) -> None:
+        self.url = url
+        self._queue: collections.deque[JournalRecord | threading.Event] = collections.deque()
+        self._flush_s = flush_s
+        self._stop = False
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.written = 0
+        self._thread = threading.Thread(target=self._run, args=(url, stream), name="kvbroker-journal", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        atexit.register(self.close)
+
+    def append(self, record: JournalRecord) -> None:
+        self._queue.append(record)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything appended so far is written."""
+        if not self._thread.is_alive():
+            return
+        done = threading.Event()
+        self._queue.append(done)
+        if not done.wait(timeout):
+            raise JournalError(f"journal {self.url}: not written within {timeout} s")
+
+    def close(self) -> None:
+        """Write what is queued, close the journal, stop the thread (idempotent)."""
+        if self._stop:
+            return
+        self._stop = True
+        self._thread.join(timeout=60)
+
+    def _run(self, url: str, stream: str) -> None:
+        try:
+            asyncio.run(self._main(url, stream))
+        except BaseException as exc:  # reported to __init__ if it happens while opening
+            if not self._ready.is_set():
+                self._error = exc
+                self._ready.set()
+            else:
+                log.error("kvbroker journal %s stopped: %s", url, exc)
+
+    async def _main(self, url: str, stream: str) -> None:
+        journal = open_journal(url, stream=stream, maxlen=10_000_000, fsync=False, max_group=512, spool_dir="")
+        await journal.start()
+        self._ready.set()
+        try:
+            while True:
+                stopping = self._stop
+                await self._drain(journal)
+                if stopping:
+                    return
+                await asyncio.sleep(self._flush_s)
+        finally:
+            await journal.close()
+            self.written = journal.written
+
+    async def _drain(self, journal: Any) -> None:
+        queue = self._queue
+        waiting: list[threading.Event] = []
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, threading.Event):
+                waiting.append(item)
+            else:
+                journal.append(item)
+        if waiting or journal.pending:
+            await journal.flush()
+        self.written = journal.written
+        for done in waiting:
+            done.set()
+
+
+class EmbeddedCore:
+    """One kvbroker core with one tier (vLLM's CPU tier, ``capacity`` one-byte chunks), the
+    client's batch numbering, and the journal.
+
+    ``listeners`` are called with each applied batch's bytes (the sidecar mode forwards them)."""
+
+    def __init__(self, settings: OffloadSettings, capacity: int, *, policy: str | None = None, journal: bool = True) -> None:
+        self.config = settings.core_config(capacity, policy)
+        self.core = Core(self.config)
+        self.tier = TIER
+        self.client_id = settings.resolved_client_id()
+        self._head = events.batch_head(self.client_id)
+        self.seq = 0
+        self.rejected = 0
+        self.listeners: list[Callable[[bytes], None]] = []
+        url = settings.resolved_journal() if journal else "none"
+        self.journal: JournalThread | None = None
+        if url != "none":
+            stream = settings.journal_stream.replace("{client}", self.client_id)
+            self.journal = JournalThread(url, stream, settings.journal_flush_ms / 1000.0)
+            self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, 1, core_to_json(self.config).encode()))
+
+    def apply(self, evs: list[bytes]) -> BatchOutcome:
+        """Apply one batch of encoded events (broker.offload.events) and journal it."""
+        self.seq += 1
+        raw = events.batch(self._head, self.seq, evs)
+        outcome = apply_batch(self.core, raw)
+        if outcome.rejections:
+            self.rejected += len(outcome.rejections)
+            first = outcome.rejections[0]
+            log.debug("kvbroker: batch %d: event %d rejected: %s: %s", self.seq, first.index, first.field, first.reason)
+        journal = self.journal
+        if journal is not None:
+            journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, 1, raw))
+            if outcome.directives:
+                journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, 1, directives_payload(self.client_id, self.seq, outcome)))
+        for listener in self.listeners:
+            listener(raw)
+        return outcome
+
+    def flush(self) -> None:
+        if self.journal is not None:
+            self.journal.flush()
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()

@@ -1,0 +1,184 @@
+"""The kvbroker CachePolicy's settings: ``kv_connector_extra_config`` keys, environment
+variables as the fallback, checked at once with errors that name the key.
+
+vLLM users configure a connector in ``--kv-transfer-config``; vLLM hands its
+``kv_connector_extra_config`` to the offloading spec, and the keys below (all prefixed
+``kvbroker_``) ride along beside vLLM's own (``cpu_bytes_to_use``, ``eviction_policy``,
+``cache_policy_module_path``, ...). A key missing there is read from the environment variable
+``KVBROKER_VLLM_<KEY>`` (``kvbroker_policy`` -> ``KVBROKER_VLLM_POLICY``), then the default.
+
+A ``kvbroker_`` key this module does not know is an error (a typo must not silently run
+the default policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from broker.config import ConfigError, CoreConfig, PolicyConfig, TierConfig
+from broker.config.settings import validate_policy
+from broker.journal.redis_urls import is_redis_url
+
+PREFIX: Final = "kvbroker_"
+ENV_PREFIX: Final = "KVBROKER_VLLM_"
+MODES: Final = ("embedded", "sidecar")
+# The one tier of the embedded core: vLLM's CPU tier, one byte per chunk.
+TIER: Final = "cpu"
+
+
+class SettingsError(ValueError):
+    """A setting is not usable; the message starts with where it came from and its key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadSettings:
+    """What the kvbroker CachePolicy runs with."""
+
+    # "embedded": the policy runs in vLLM's scheduler process; "sidecar": a kvbroker serve decides.
+    mode: str = "embedded"
+    # A registered kvbroker policy (``kvbroker policies`` lists them) and its parameters.
+    policy: str = "lru"
+    policy_params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Where decisions are journaled: none, file://PATH or redis://HOST:PORT/DB (also rediss://,
+    # unix://, redis+cluster://); "{pid}" is replaced by the process id (one writer per file).
+    journal: str = "none"
+    # Redis stream key of the journal; "{client}" is replaced by client_id.
+    journal_stream: str = "kvbroker:{client}:journal"
+    # How often the journal thread writes what was recorded (milliseconds).
+    journal_flush_ms: float = 50.0
+    # The client id of this engine's batches ("{pid}" replaced); a data-parallel rank each its own.
+    client_id: str = "vllm"
+    # The tenant the chunks belong to when a request's hint names none ("": none).
+    tenant: str = ""
+    # Sidecar mode: the broker's address and the hard bound of one decision (milliseconds).
+    broker: str = ""
+    deadline_ms: float = 5.0
+    # Sidecar mode: the local policy used when the broker is slow or down ("" = ``policy``).
+    fallback_policy: str = ""
+
+    def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
+        """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
+        watermarks at 1.0 (vLLM makes room itself, with EvictionRequested, before it stores)."""
+        tier = TierConfig(
+            TIER, max(1, capacity_chunks), read_latency_us=0.0, bandwidth_gb_per_s=25.0, high_watermark=1.0, low_watermark=1.0
+        )
+        name = policy or self.policy
+        params = self.policy_params if name == self.policy else {}
+        return CoreConfig(tiers=(tier,), policy=PolicyConfig(name, dict(params)), max_clock_skew_us=0)
+
+    def resolved_journal(self) -> str:
+        return self.journal.replace("{pid}", str(os.getpid()))
+
+    def resolved_client_id(self) -> str:
+        return self.client_id.replace("{pid}", str(os.getpid()))
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise SettingsError(f"{where}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise SettingsError(f"{where}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise SettingsError(f"{where}: expected a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _mode(value: Any, where: str) -> str:
+    mode = _text(value, where)
+    if mode not in MODES:
+        raise SettingsError(f"{where}: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def _params(value: Any, where: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as exc:
+            raise SettingsError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"{where}: expected an object of policy parameters, got {type(value).__name__}")
+    return dict(value)
+
+
+def _journal(value: Any, where: str) -> str:
+    url = _text(value, where)
+    if url == "none" or is_redis_url(url):
+        return url
+    if url.startswith("file://") and len(url) > len("file://"):
+        return url
+    raise SettingsError(f"{where}: expected none, file://PATH or redis://HOST:PORT/DB (rediss://, unix://, redis+cluster://), got {url!r}")
+
+
+def _non_empty(value: Any, where: str) -> str:
+    text = _text(value, where)
+    if not text:
+        raise SettingsError(f"{where}: required, a non-empty string")
+    return text
+
+
+# key (without the prefix) -> how its value is read.
+READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
+    "mode": _mode,
+    "policy": _non_empty,
+    "policy_params": _params,
+    "journal": _journal,
+    "journal_stream": _non_empty,
+    "journal_flush_ms": _number,
+    "client_id": _non_empty,
+    "tenant": _text,
+    "broker": _text,
+    "deadline_ms": _number,
+    "fallback_policy": _text,
+}
+
+
+def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> OffloadSettings:
+    """Settings from ``extra_config`` (vLLM's kv_connector_extra_config), the environment as
+    the fallback, then the defaults. Raises SettingsError naming the first bad key."""
+    extra = dict(extra_config or {})
+    env = os.environ if environ is None else environ
+    for key in extra:
+        if isinstance(key, str) and key.startswith(PREFIX) and key[len(PREFIX) :] not in READERS:
+            known = ", ".join(PREFIX + k for k in READERS)
+            raise SettingsError(f"kv_connector_extra_config.{key}: unknown key (known: {known})")
+    values: dict[str, Any] = {}
+    for name, read in READERS.items():
+        key = PREFIX + name
+        if key in extra:
+            values[name] = read(extra[key], f"kv_connector_extra_config.{key}")
+        elif ENV_PREFIX + name.upper() in env:
+            values[name] = read(env[ENV_PREFIX + name.upper()], ENV_PREFIX + name.upper())
+    settings = OffloadSettings(**values)
+    try:
+        validate_policy(settings.core_config(1))
+    except ConfigError as exc:
+        # validate_policy names broker config keys (policy.name / policy.params): say ours.
+        message = str(exc)
+        key = "policy_params" if message.startswith("policy.params") else "policy"
+        raise SettingsError(f"{_where(key, extra)}: {message.partition(': ')[2]}") from None
+    if settings.fallback_policy:
+        try:
+            validate_policy(settings.core_config(1, settings.fallback_policy))
+        except ConfigError as exc:
+            raise SettingsError(f"{_where('fallback_policy', extra)}: {str(exc).partition(': ')[2]}") from None
+    if settings.mode == "sidecar" and not settings.broker:
+        raise SettingsError(f"{_where('broker', extra)}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
+    return settings
+
+
+def _where(name: str, extra: Mapping[str, Any]) -> str:
+    """Where a setting came from, for an error message."""
+    key = PREFIX + name
+    return f"kv_connector_extra_config.{key}" if key in extra else f"{key} (or {ENV_PREFIX}{name.upper()})"

@@ -1,0 +1,308 @@
+"""vLLM's CachePolicy calls as MemoryIntent events, and the seam where evictions are decided.
+
+The translation (one CPU tier of one-byte chunks; a chunk's block id is its OffloadKey in hex):
+
+================================  ===================================================================
+vLLM calls                        kvbroker events
+================================  ===================================================================
+``insert(key, chunk, req)``       ``allocated`` (request id, the request's hinted intent, size 1)
+``touch(keys, req)``              ``accessed`` of the resident keys, last first (vLLM's touch makes
+                                  the first key the most recent)
+``on_request_finished(groups)``   ``accessed`` of the request's resident keys in prefix order, tail
+                                  first (vLLM's request-scoped access); a hinted request also sends
+                                  ``intent_updated`` for each (its intent reaches chunks it reused)
+``remove(key)``                   ``freed``
+``evict(n, protected)``           ``eviction_requested`` (count n; protected: vLLM's ``protected``
+                                  plus every chunk vLLM holds non-evictable), then ``freed`` of the
+                                  victims (vLLM forgets them)
+``clear()``                       ``cleared``
+``mark_evictable`` / ``mark_non_evictable``, ``on_store_miss``, ``on_request_access``, ``get``:
+                                  no event (non-evictable chunks travel as protected ids)
+================================  ===================================================================
+
+Events are applied in call order, but in batches: they are buffered and applied, as one
+IntentBatch, right before the next decision (``evict``), or when ``FLUSH_EVENTS`` are
+waiting. Nothing is decided in between, so the decisions are those of applying each call
+at once, and one batch per decision costs far less than one per call. Event time
+(``ts_us``) is the wall clock at the call, to the millisecond.
+
+**The decider seam.** ``Decider.evict(count, protected_ids) -> victim ids | None`` is where
+an eviction is decided. ``LocalDecider`` applies an ``eviction_requested`` event to the
+embedded core (embedded mode); the sidecar mode puts a remote decider there with a local
+fallback. Whatever decides, the translator then frees the victims in the local core, so
+it stays the same as vLLM's cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Protocol
+
+from broker.offload import events
+from broker.offload.embedded import EmbeddedCore
+from clients.kv_hints import IntentHint, parse_intent
+
+log = logging.getLogger("kvbroker.offload")
+
+# Buffered events applied as a batch at once when this many wait (bounds memory and how
+# far the journal lags behind vLLM between decisions).
+FLUSH_EVENTS: Final = 4096
+
+
+class Decider(Protocol):
+    """Chooses eviction victims. ``evict`` returns exactly ``count`` block ids, none of them in
+    ``protected`` (block ids), or None when it cannot (then nothing changed).
+
+    The core that decides must have seen every call before: a decider first applies the
+    translator's buffered events (``translator.apply(...)``, which hands the batch to the
+    embedded core and its listeners)."""
+
+    def evict(self, count: int, protected: list[str]) -> list[str] | None: ...
+
+
+class LocalDecider:
+    """Embedded mode: the embedded core's policy decides (an ``eviction_requested`` event)."""
+
+    def __init__(self, local: EmbeddedCore, translator: Translator) -> None:
+        self.local = local
+        self.translator = translator
+
+    def evict(self, count: int, protected: list[str]) -> list[str] | None:
+        ts = self.translator.timestamp()
+        ask = events.eviction_requested(ts, count, [events.id_field(b) for b in protected])
+        outcome = self.translator.apply(ask)
+        if outcome is None or outcome.rejections:
+            return None
+        return [d.block_id for d in outcome.directives]
+
+
+@dataclasses.dataclass
+class TranslatorStats:
+    """What the adapter counted (logged at debug; the journal holds the decisions)."""
+
+    batches: int = 0
+    events: int = 0
+    evictions_asked: int = 0
+    evictions_refused: int = 0
+    chunks_evicted: int = 0
+    hinted_requests: int = 0
+    # Hints ignored, by reason (a malformed kvbroker action in a request's kv_hints).
+    hints_ignored: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+
+@dataclasses.dataclass(slots=True)
+class RequestIntent:
+    """A request's parsed hint and its encoded intent (kept in the ReqContext's state)."""
+
+    owner: object
+    generation: int
+    # The MemoryIntent fields after block_id of the request's chunks.
+    intent_rest: bytes
+    # The IntentUpdated fields after block_id when the request has a hint ("" otherwise).
+    update_rest: bytes
+
+
+class Translator:
+    """The kvbroker side of vLLM's CachePolicy: chunk bookkeeping, events, decisions.
+
+    Duck-typed: keys are any hashable vLLM gives (OffloadKey bytes), chunks vLLM's
+    ChunkStatus (``ref_cnt``), request contexts vLLM's ReqContext (``req_id``, ``kv_hints``,
+    ``get_state``/``set_state``, ``get_offload_key_position``). It imports no vLLM."""
+
+    def __init__(self, local: EmbeddedCore, *, tenant: str = "", decider: Decider | None = None) -> None:
+        self.local = local
+        self.tenant = tenant
+        # key -> (chunk, block id, block id as an encoded id field)
+        self.entries: dict[Any, tuple[Any, str, bytes]] = {}
+        self.by_id: dict[str, Any] = {}
+        # Keys vLLM holds non-evictable (ref_cnt != 0: a store in flight, a load reading it).
+        self.held: set[Any] = set()
+        self.stats = TranslatorStats()
+        self._buffer: list[bytes] = []
+        self._ts_ms = -1
+        self._ts = b""
+        self._generation = 0
+        self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
+        self._plain_intent = events.intent_fields("", tenant=tenant)
+
+    # ---- events ---------------------------------------------------------------------------
+
+    def timestamp(self) -> bytes:
+        """The encoded ts_us of an event now (wall clock, whole milliseconds)."""
+        ms = time.time_ns() // 1_000_000
+        if ms != self._ts_ms:
+            self._ts_ms = ms
+            self._ts = events.timestamp(ms * 1000)
+        return self._ts
+
+    def record(self, event: bytes) -> None:
+        buffer = self._buffer
+        buffer.append(event)
+        if len(buffer) >= FLUSH_EVENTS:
+            self.apply()
+
+    def apply(self, last: bytes | None = None) -> Any:
+        """Apply the buffered events (and ``last``) as one batch; its outcome, or None when
+        there was nothing to apply."""
+        evs = self._buffer
+        if last is not None:
+            evs.append(last)
+        if not evs:
+            return None
+        self._buffer = []
+        self.stats.batches += 1
+        self.stats.events += len(evs)
+        return self.local.apply(evs)
+
+    def flush(self) -> None:
+        """Apply what is buffered and wait until the journal holds it."""
+        self.apply()
+        self.local.flush()
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def request_intent(self, req_context: Any) -> RequestIntent:
+        state: RequestIntent | None = req_context.get_state(RequestIntent)
+        if state is not None and state.owner is self and state.generation == self._generation:
+            return state
+        hint, reason = parse_intent(getattr(req_context, "kv_hints", None))
+        if reason:
+            self.stats.hints_ignored[reason] += 1
+            log.warning("kvbroker: request %s: kv_hints ignored: %s", getattr(req_context, "req_id", "?"), reason)
+        state = self._encode_intent(str(getattr(req_context, "req_id", "") or ""), hint)
+        req_context.set_state(state)
+        return state
+
+    def _encode_intent(self, request_id: str, hint: IntentHint | None) -> RequestIntent:
+        if hint is None:
+            rest = events.intent_fields(request_id, tenant=self.tenant) if request_id else self._plain_intent
+            return RequestIntent(self, self._generation, rest, b"")
+        self.stats.hinted_requests += 1
+        self.timestamp()  # the deadline counts from now
+        deadline = None if hint.deadline_ms is None else self._ts_ms * 1000 + int(hint.deadline_ms * 1000)
+        rest = events.intent_fields(
+            request_id,
+            priority=hint.priority,
+            deadline_us=deadline,
+            request_priority=hint.request_priority,
+            reuse_tokens=hint.expected_reuse_tokens,
+            tenant=hint.tenant if hint.tenant is not None else self.tenant,
+            is_draft=bool(hint.is_draft),
+        )
+        update = events.update_fields(
+            priority=hint.priority,
+            deadline_us=deadline,
+            request_priority=hint.request_priority,
+            reuse_tokens=hint.expected_reuse_tokens,
+            is_draft=hint.is_draft,
+        )
+        return RequestIntent(self, self._generation, rest, update)
+
+    # ---- vLLM's CachePolicy ---------------------------------------------------------------
+
+    def get(self, key: Any) -> Any:
+        entry = self.entries.get(key)
+        return entry[0] if entry is not None else None
+
+    def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        block_id = key.hex()
+        field = events.id_field(block_id)
+        self.entries[key] = (chunk, block_id, field)
+        self.by_id[block_id] = key
+        if chunk.ref_cnt != 0:
+            self.held.add(key)
+        intent = self.request_intent(req_context)
+        self.record(events.allocated(self.timestamp(), field, intent.intent_rest))
+
+    def remove(self, key: Any) -> None:
+        entry = self.entries.pop(key)
+        del self.by_id[entry[1]]
+        self.held.discard(key)
+        self.record(events.freed(self.timestamp(), (entry[2],)))
+
+    def touch(self, keys: Iterable[Any], req_context: Any) -> None:
+        self._access(list(keys), req_context)
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Any]],
+        insertion_only_keys: set[Any],
+        reused_keys: set[Any],
+        req_context: Any,
+    ) -> None:
+        self._access(prefix_order(key_groups, req_context), req_context)
+
+    def _access(self, keys: list[Any], req_context: Any) -> None:
+        """An access of ``keys`` (head first): the last is read first, so the first ends
+        the most recent, as in vLLM's own touch."""
+        entries = self.entries
+        fields = [entry[2] for key in reversed(keys) if (entry := entries.get(key)) is not None]
+        if not fields:
+            return
+        ts = self.timestamp()
+        intent = self.request_intent(req_context)
+        if intent.update_rest:
+            for field in dict.fromkeys(fields):
+                self.record(events.updated(ts, field, intent.update_rest))
+        self.record(events.accessed(ts, fields))
+
+    def mark_evictable(self, key: Any) -> None:
+        self.held.discard(key)
+
+    def mark_non_evictable(self, key: Any) -> None:
+        self.held.add(key)
+
+    def evict(self, n: int, protected: Iterable[Any]) -> list[tuple[Any, Any]] | None:
+        """Exactly ``n`` (key, chunk) victims, none protected nor held, or None (no change)."""
+        if n == 0:
+            return []
+        stats = self.stats
+        stats.evictions_asked += 1
+        entries = self.entries
+        shielded = [entry[1] for key in protected if (entry := entries.get(key)) is not None]
+        shielded += [entries[key][1] for key in self.held]
+        victims = self.decider.evict(n, shielded)
+        if victims is None or len(victims) != n:
+            stats.evictions_refused += 1
+            return None
+        by_id = self.by_id
+        out = []
+        fields = []
+        for block_id in victims:
+            key = by_id.pop(block_id)
+            chunk, _, field = entries.pop(key)
+            out.append((key, chunk))
+            fields.append(field)
+        stats.chunks_evicted += n
+        # vLLM forgets the victims: so does the local core, first thing in the next batch.
+        self.record(events.freed(self.timestamp(), fields))
+        return out
+
+    def clear(self) -> None:
+        self._buffer = []  # the clear drops every block: nothing buffered matters any more
+        self.entries.clear()
+        self.by_id.clear()
+        self.held.clear()
+        self._generation += 1
+        self.record(events.cleared(self.timestamp()))
+
+
+def prefix_order(key_groups: Sequence[Sequence[Any]], req_context: Any) -> list[Any]:
+    """A request's keys in one head-to-tail order: the groups' keys, sorted by their token
+    position when the request knows every key's position, else as given."""
+    keys = [key for group in key_groups for key in group]
+    position = getattr(req_context, "get_offload_key_position", None)
+    if position is None:
+        return keys
+    where = {}
+    for key in keys:
+        at = position(key)
+        if at is None:
+            return keys
+        where[key] = at
+    keys.sort(key=where.__getitem__)
+    return keys

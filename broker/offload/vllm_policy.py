@@ -1,0 +1,167 @@
+"""``KvbrokerCachePolicy``: kvbroker's policies deciding vLLM's CPU-offload evictions.
+
+vLLM (0.33) loads it by module path, no patch::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
+        "eviction_policy": "KvbrokerCachePolicy", "cache_policy_module_path": "broker.offload.vllm_policy",
+        "kvbroker_policy": "lru", "kvbroker_journal": "file:///var/lib/kvbroker/vllm-{pid}.journal"}}'
+
+vLLM builds a CachePolicy with the chunk count alone (``policy_cls(cache_capacity=n)``,
+vllm/v1/kv_offload/cpu/manager.py). The ``kvbroker_*`` keys are read from the
+kv_connector_extra_config of the offloading spec that is building the manager (found on the
+call stack: the spec's ``get_manager`` builds the manager, which builds the policy), else
+from vLLM's current config, else from ``KVBROKER_VLLM_*`` environment variables
+(broker/offload/settings.py). A bad setting stops vLLM's start with a message naming it.
+
+Every call becomes MemoryIntent events (broker/offload/translate.py) applied to kvbroker's
+deterministic core, embedded here with one tier of ``cache_capacity`` chunks, and
+journaled when ``kvbroker_journal`` names a journal: ``kvbroker replay --journal URL
+--verify`` then reproduces vLLM's evictions, and ``kvbroker replay --policy ...`` tries
+another policy on the same traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from typing_extensions import override
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
+
+from broker.offload.embedded import EmbeddedCore
+from broker.offload.settings import OffloadSettings, SettingsError, load_settings
+from broker.offload.translate import Decider, Translator
+
+log = logging.getLogger("kvbroker.offload")
+
+# How far up the stack the offloading spec is looked for (policy <- manager <- spec).
+_STACK_DEPTH = 12
+
+
+def vllm_extra_config() -> Mapping[str, Any]:
+    """The kv_connector_extra_config vLLM is building this policy for ({} if none is found)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_STACK_DEPTH):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        extra = getattr(owner, "extra_config", None) if owner is not None else None
+        if isinstance(extra, Mapping):
+            return extra
+        frame = frame.f_back
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+    except ImportError:
+        config = None
+    transfer = getattr(config, "kv_transfer_config", None) if config is not None else None
+    extra = getattr(transfer, "kv_connector_extra_config", None)
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> Decider | None:
+    """The decider of ``settings.mode``: None for embedded (the translator's local one)."""
+    if settings.mode == "embedded":
+        return None
+    try:
+        from broker.offload import sidecar  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise SettingsError(f"kvbroker_mode: sidecar mode is not available in this build ({exc})") from None
+    decider: Decider = sidecar.make_decider(settings, local, translator)
+    return decider
+
+
+class KvbrokerCachePolicy(CachePolicy):
+    """vLLM's CachePolicy, decided by a kvbroker policy (``kvbroker_policy``, default lru)."""
+
+    def __init__(self, cache_capacity: int, extra_config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(cache_capacity)
+        self.settings = load_settings(extra_config if extra_config is not None else vllm_extra_config())
+        self.local = EmbeddedCore(self.settings, cache_capacity)
+        self.translator = translator = Translator(self.local, tenant=self.settings.tenant)
+        decider = make_decider(self.settings, self.local, translator)
+        if decider is not None:
+            translator.decider = decider
+        # vLLM calls these once per chunk: bound straight to the translator (an instance
+        # attribute wins over the class's method), one Python call instead of two.
+        self.get = translator.get  # type: ignore[method-assign]
+        self.insert = translator.insert  # type: ignore[method-assign]
+        self.touch = translator.touch  # type: ignore[method-assign]
+        self.mark_evictable = translator.mark_evictable  # type: ignore[method-assign]
+        self.mark_non_evictable = translator.mark_non_evictable  # type: ignore[method-assign]
+        self.evict = translator.evict  # type: ignore[method-assign]
+        log.info(
+            "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s",
+            self.settings.policy,
+            self.settings.mode,
+            cache_capacity,
+            self.settings.resolved_journal(),
+        )
+
+    @override
+    def get(self, key: OffloadKey) -> ChunkStatus | None:
+        chunk: ChunkStatus | None = self.translator.get(key)
+        return chunk
+
+    @override
+    def insert(self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext) -> None:
+        self.translator.insert(key, chunk, req_context)
+
+    @override
+    def remove(self, key: OffloadKey) -> None:
+        self.translator.remove(key)
+
+    @override
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        self.translator.touch(keys, req_context)
+
+    @override
+    def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # The missed keys are not resident: nothing to tell (their allocation follows).
+        return
+
+    @override
+    def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # The access is committed at on_request_finished (as vLLM's own policies do).
+        return
+
+    @override
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
+        self.translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+
+    @override
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        victims: list[tuple[OffloadKey, ChunkStatus]] | None = self.translator.evict(n, protected)
+        return victims
+
+    @override
+    def clear(self) -> None:
+        self.translator.clear()
+
+    @override
+    def mark_evictable(self, key: OffloadKey) -> None:
+        self.translator.mark_evictable(key)
+
+    @override
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        self.translator.mark_non_evictable(key)
+
+    def flush(self) -> None:
+        """Apply what is buffered and wait until the journal holds it (tests, shutdown)."""
+        self.translator.flush()
+
+    def close(self) -> None:
+        self.translator.flush()
+        self.local.close()
