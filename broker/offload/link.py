@@ -5,7 +5,9 @@ link runs a BrokerClient (batching, ordered delivery, resend on reconnect) on an
 in a daemon thread of its own; the scheduler thread only appends to a hand-off queue.
 
 - ``send(events)`` queues events and returns at once (O(1) plus one cross-thread wake-up
-  when the queue turns non-empty).
+  when the queue turns non-empty); ``send_later(make)`` queues a function the link's
+  thread calls, in its place in the order, for the events to send (parsing and rewriting
+  a batch, building thousands of events, off the scheduler's thread).
 - ``ask(events, timeout)`` queues events whose last one wants an answer (an
   EvictionRequested) and waits for the answer to the batch that carries it, at most
   ``timeout`` seconds. It returns the DirectiveBatch, or an ``Unanswered`` saying why not:
@@ -30,7 +32,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from clients.broker_client import BrokerClient, BrokerError, ClientSecurity, WhenFull
@@ -53,6 +55,10 @@ class Unanswered(NamedTuple):
 
     reason: str
     detail: str = ""
+
+
+# Called on the link's thread for the events to send in its place.
+Maker = Callable[[], Sequence[pb.Event]]
 
 
 class _Ask:
@@ -93,7 +99,7 @@ class BrokerLink:
         # Directives as they arrive (appended on the link's thread, popped on the scheduler's;
         # deque append/popleft are atomic).
         self.directives: collections.deque[dpb.Directive] = collections.deque()
-        self._queue: collections.deque[pb.Event | _Ask] = collections.deque()
+        self._queue: collections.deque[pb.Event | _Ask | Maker] = collections.deque()
         self._lock = threading.Lock()
         self._dropped_events = 0
         self._resync = False
@@ -138,6 +144,11 @@ class BrokerLink:
         if events:
             self._put(events, None)
 
+    def send_later(self, make: Maker) -> None:
+        """Queue ``make``: the link's thread calls it, in its place in the order, for the
+        events to send. It must not touch state the scheduler thread changes."""
+        self._put((), None, make)
+
     def ask(self, events: Sequence[pb.Event], timeout: float) -> dpb.DirectiveBatch | Unanswered:
         """Queue ``events`` and wait at most ``timeout`` seconds for the answer to the batch
         that carries the last of them. Without a stream it does not wait: DOWN."""
@@ -154,11 +165,13 @@ class BrokerLink:
         except concurrent.futures.TimeoutError:
             return Unanswered(TIMEOUT, f"no answer within {timeout * 1000:.1f} ms")
 
-    def _put(self, events: Sequence[pb.Event], ask: _Ask | None) -> None:
+    def _put(self, events: Sequence[pb.Event], ask: _Ask | None, make: Maker | None = None) -> None:
         with self._lock:
             if self._closed:
                 return
             was_empty = not self._queue
+            if make is not None:
+                self._queue.append(make)
             self._queue.extend(events)
             if ask is not None:
                 self._queue.append(ask)
@@ -167,7 +180,7 @@ class BrokerLink:
                 item = self._queue.popleft()
                 if isinstance(item, _Ask):
                     item.future.set_result(Unanswered(DOWN, "queue full"))
-                else:
+                else:  # an event, or a batch to make (counted as one)
                     self._dropped_events += 1
                     self._resync = True
         if was_empty and self._wake is not None:
@@ -251,10 +264,18 @@ class BrokerLink:
                     # event (a task's first step runs before this one resumes: FIFO).
                     await asyncio.sleep(0)
                     continue
+                if isinstance(item, pb.Event):
+                    await self._add(item)
+                    continue
                 try:
-                    await self._client.add(item)
-                except BrokerError as exc:  # refused for good: nothing more goes out
-                    log.debug("link %s: event not sent: %s", self.client_id, exc)
+                    made = item()
+                except Exception:
+                    log.exception("link %s: events not made; the view will be restated", self.client_id)
+                    with self._lock:
+                        self._resync = True
+                    continue
+                for event in made:
+                    await self._add(event)
             if self._stopping.is_set() and not self._queue:
                 break
             if not self._queue:
@@ -263,6 +284,12 @@ class BrokerLink:
             await self._client.close(timeout=0.5)
         for task in asks:
             task.cancel()
+
+    async def _add(self, event: pb.Event) -> None:
+        try:
+            await self._client.add(event)
+        except BrokerError as exc:  # refused for good: nothing more goes out
+            log.debug("link %s: event not sent: %s", self.client_id, exc)
 
     async def _answer(self, ask: _Ask) -> None:
         """Seal the open batch (it ends with the asking event) and wait for its answer, a

@@ -59,6 +59,9 @@ class OffloadSettings:
     deadline_ms: float = 5.0
     # Sidecar mode: the local policy used when the broker is slow or down ("" = ``policy``).
     fallback_policy: str = ""
+    # Sidecar mode: the broker's tier this rank's chunks live in ("" = the broker's top tier);
+    # "{dp_rank}" is replaced by the data-parallel rank (a tier per rank: broker/offload/sidecar.py).
+    broker_tier: str = ""
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -141,6 +144,7 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "broker": _text,
     "deadline_ms": _number,
     "fallback_policy": _text,
+    "broker_tier": _text,
 }
 
 

@@ -2,49 +2,58 @@
 
 vLLM's scheduler calls the CachePolicy synchronously; the broker is another process. So:
 
-- Every call's events go to the broker without waiting (BrokerLink: batched, ordered,
-  resent after a reconnect) and are applied to a local mirror: the embedded core, with the
-  configured fallback policy, holding the same tier.
+- The translator's batches (every CachePolicy call, as events, applied to the embedded
+  core) also go to the broker, without waiting: ``forward`` hands each batch's bytes to the
+  link (BrokerLink: batched, ordered, resent after a reconnect), whose thread rewrites them
+  into the broker's names. The embedded core, running the fallback policy, is the mirror:
+  it holds the same chunks as vLLM.
 - ``evict(n, protected)`` sends an EvictionRequested and waits for its answer at most
-  ``deadline_s``. In time and valid (n distinct EVICT victims the mirror holds, evictable,
-  none protected): those are the victims; the mirror drops them too and the broker is told
-  they are gone (acks, then BlocksFreed). Otherwise the mirror decides (the fallback), and
-  the broker is told what vLLM really evicted (BlocksFreed). Broker known down: no wait at
-  all. A broker that keeps timing out is not asked for ``cooldown_s`` (a circuit breaker),
-  so a hung broker costs one bound now and then, not one per call.
+  ``deadline_s``. In time and valid (n distinct EVICT victims vLLM holds, evictable, none
+  protected): those are the victims, acked DONE. Otherwise the embedded core decides (the
+  fallback), as in embedded mode. Either way the translator then frees the victims: in the
+  mirror and, forwarded, in the broker. Broker known down: no wait at all. A broker that
+  keeps timing out is not asked for ``cooldown_s`` (a circuit breaker), so a hung broker
+  costs one bound now and then, not one per call.
 
 Keeping the broker's view what vLLM really holds:
 
-- a late answer (the broker chose B after vLLM went with the fallback's F): each victim in B
-  that vLLM still holds is acked FAILED with ``actual_tier`` = the tier (the broker puts it
-  back), the others DONE; F was already freed. The same holds for an EvictionRequested that
-  waited out a broker outage in the client's resend buffer and was applied on reconnect.
-- any other directive (the broker's own watermark evictions, demotions, prefetches vLLM's
-  manager cannot carry out) is acked FAILED with where the block really is.
+- a late answer (the broker chose B, vLLM went with the fallback's F and freed F): each
+  victim in B vLLM still holds is acked FAILED with ``actual_tier`` = its tier (the broker
+  puts it back), the others DONE. An EvictionRequested that waited out an outage in the
+  client's resend buffer and was applied on reconnect is settled the same way.
+- any other directive (the broker's own watermark evictions, demotions, prefetches, which
+  vLLM's manager cannot carry out) is acked FAILED with where the block really is.
 - what a resend cannot repair (an answer lost with a broken stream, a batch dropped by the
-  queue bounds of a long outage, a broker that restarted without its journal): the tier is
-  restated: AllBlocksCleared, then every block the mirror holds, oldest first.
+  bounds of a long outage, a broker that lost its journal): the tier is restated,
+  AllBlocksCleared then every chunk vLLM holds, oldest stored first.
 
-All of this runs on the scheduler thread at the start of the next call (the directives wait
-in a deque the link fills), so the mirror needs no lock.
+That work runs on the scheduler thread at the start of the next call (the directives wait
+in a deque the link fills), so vLLM's state needs no lock.
+
+Names at the broker: one broker serves every data-parallel rank, and block ids are global
+there, so a chunk's id is ``<client_id>/<OffloadKey hex>`` and its tier ``broker_tier``
+(one tier per rank in the broker's config: EvictionRequested chooses within a tier).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Callable, Hashable, Sequence
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from broker.offload import events as wire
+from broker.offload.embedded import EmbeddedCore
 from broker.offload.latency import LatencyHistogram
 from broker.offload.link import DOWN, FAILED, LOST, TIMEOUT, BrokerLink, Unanswered
-from clients.broker_client import acked_event, freed_event
+from broker.offload.settings import OffloadSettings
+from broker.offload.translate import Translator
+from clients.broker_client import ClientSecurity, acked_event
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
 log = logging.getLogger("kvbroker.offload.sidecar")
-
-Key = TypeVar("Key", bound=Hashable)
 
 # Why the fallback decided (counters "fallback_<reason>").
 REFUSED = "refused"  # the broker could not choose n victims (its view differs)
@@ -57,55 +66,93 @@ _EVICT = dpb.DIRECTIVE_KIND_EVICT
 _REQUESTED = "eviction requested"
 
 
-class Mirror(Protocol[Key]):
-    """The local tier the sidecar keeps in step with vLLM (the embedded core)."""
-
-    tier: str
-
-    def evict(self, n: int, protected: set[Key]) -> list[Key] | None:
-        """The fallback: the local policy chooses n victims and the mirror drops them."""
-
-    def forget(self, keys: Sequence[Key]) -> None:
-        """The broker chose these victims: the mirror drops them too."""
-
-    def block_id(self, key: Key) -> str: ...
-
-    def key_of(self, block_id: str) -> Key | None:
-        """The key of a block the mirror holds, or None."""
-
-    def evictable(self, key: Key) -> bool: ...
-
-    def restate(self) -> list[pb.Event]:
-        """Events that rebuild the tier in a broker that lost it: every block held, oldest first."""
+def wall_us() -> int:
+    """Event time as the translator stamps it: the wall clock, whole milliseconds."""
+    return time.time_ns() // 1_000_000 * 1000
 
 
-Clock = Callable[[], float]
+class Names:
+    """Local block ids (OffloadKey hex) <-> the broker's (``<prefix><id>``), and the tier."""
+
+    def __init__(self, prefix: str, tier: str) -> None:
+        self.prefix = prefix
+        self.tier = tier
+        self._cut = len(prefix)
+
+    def remote(self, block_id: str) -> str:
+        return self.prefix + block_id
+
+    def local(self, block_id: str) -> str | None:
+        return block_id[self._cut :] if block_id.startswith(self.prefix) else None
+
+    def rewrite(self, raw: bytes) -> list[pb.Event]:
+        """A batch the embedded core applied, as the broker must see it: the local
+        ``eviction_requested`` of a fallback left out (the broker learns the victims from
+        the ``freed`` that follows), ids prefixed, allocations in the rank's tier."""
+        out: list[pb.Event] = []
+        prefix = self.prefix
+        for event in pb.IntentBatch.FromString(raw).events:
+            kind = event.WhichOneof("kind")
+            if kind == "allocated":
+                intent = event.allocated.intent
+                intent.block_id = prefix + intent.block_id
+                if self.tier:
+                    event.allocated.tier = self.tier
+                    intent.allowed_tiers.append(self.tier)
+            elif kind == "accessed":
+                ids = event.accessed.block_ids
+                ids[:] = [prefix + b for b in ids]
+            elif kind == "freed":
+                ids = event.freed.block_ids
+                ids[:] = [prefix + b for b in ids]
+            elif kind == "intent_updated":
+                event.intent_updated.block_id = prefix + event.intent_updated.block_id
+            elif kind == "eviction_requested":
+                continue
+            out.append(event)
+        return out
+
+    def allocations(self, block_ids: Sequence[str], ts_us: int) -> list[pb.Event]:
+        """Every chunk vLLM holds, as allocations (a restatement, oldest first)."""
+        tiers = [self.tier] if self.tier else []
+        return [
+            pb.Event(
+                ts_us=ts_us,
+                allocated=pb.BlockAllocated(
+                    intent=pb.MemoryIntent(block_id=self.prefix + b, size_bytes=1, allowed_tiers=tiers), tier=self.tier
+                ),
+            )
+            for b in block_ids
+        ]
 
 
-class SidecarDecider(Generic[Key]):
+class SidecarDecider:
+    """The translator's decider in sidecar mode (``Decider``: block ids in, block ids out)."""
+
     def __init__(
         self,
         link: BrokerLink,
-        mirror: Mirror[Key],
+        translator: Translator,
+        local: EmbeddedCore,
+        names: Names,
         *,
         deadline_s: float = 0.005,
         timeouts_to_cool: int = 3,
         cooldown_s: float = 1.0,
         log_every_s: float = 60.0,
-        now_us: Callable[[], int] | None = None,
-        clock: Clock = time.perf_counter,
+        now_us: Callable[[], int] = wall_us,
     ) -> None:
         if deadline_s <= 0:
             raise ValueError("deadline_s must be > 0")
         self.link = link
-        self.mirror = mirror
+        self.translator = translator
+        self.local = local
+        self.names = names
         self.deadline_s = deadline_s
         self.timeouts_to_cool = timeouts_to_cool
         self.cooldown_s = cooldown_s
         self.log_every_s = log_every_s
-        self._clock = clock
-        self._t0 = time.monotonic_ns()
-        self._now_us = now_us or self._monotonic_us
+        self._now_us = now_us
         self.evict_latency = LatencyHistogram()
         self.counts: dict[str, int] = {
             "evictions_asked": 0,
@@ -124,99 +171,105 @@ class SidecarDecider(Generic[Key]):
         self._timeouts = 0
         self._cool_until = 0.0
         self._last_log = time.monotonic()
+        local.listeners.append(self.forward)
+        # A fresh CPU tier: what the broker holds for this client id (a previous run's) goes.
+        link.send([pb.Event(ts_us=now_us(), cleared=pb.AllBlocksCleared())])
 
-    def _monotonic_us(self) -> int:
-        return (time.monotonic_ns() - self._t0) // 1000
+    # ---- every batch -----------------------------------------------------------------------
+
+    def forward(self, raw: bytes) -> None:
+        """A batch the embedded core applied: to the broker, rewritten on the link's thread."""
+        names = self.names
+        self.link.send_later(lambda: names.rewrite(raw))
 
     # ---- the decider seam ------------------------------------------------------------------
 
-    def forward(self, events: Sequence[pb.Event]) -> None:
-        """The events of one CachePolicy call: to the broker, without waiting."""
-        self.settle()
-        self.link.send(events)
-
-    def evict(self, n: int, protected: set[Key]) -> list[Key] | None:
-        """n victims, none protected, the broker's if it answers in time, else the mirror's."""
-        started = self._clock()
+    def evict(self, count: int, protected: list[str]) -> list[str] | None:
+        """``count`` victims (local block ids), none protected: the broker's if it answers
+        in time, else the embedded core's."""
+        started = time.perf_counter()
         try:
             self.settle()
+            # The broker (and the mirror) must have seen every call before deciding.
+            self.translator.apply()
             self.counts["evictions_asked"] += 1
-            chosen = self._ask_broker(n, protected, started)
+            chosen = self._ask_broker(count, protected, started)
             if isinstance(chosen, list):
                 self.counts["broker_decisions"] += 1
                 return chosen
-            return self._fall_back(n, protected, chosen)
+            return self._fall_back(count, protected, chosen)
         finally:
-            self.evict_latency.record(self._clock() - started)
+            self.evict_latency.record(time.perf_counter() - started)
             self._maybe_log()
 
-    def _ask_broker(self, n: int, protected: set[Key], started: float) -> list[Key] | str:
-        """The broker's victims (dropped from the mirror, acked, freed), or why not."""
-        if self.link.failed is not None:
+    def _ask_broker(self, count: int, protected: list[str], started: float) -> list[str] | str:
+        """The broker's victims (acked DONE), or why not."""
+        link = self.link
+        if link.failed is not None:
             return FAILED
-        if not self.link.connected:
+        if not link.connected:
             return DOWN
         if started < self._cool_until:
             return COOLDOWN
-        mirror = self.mirror
-        request = pb.EvictionRequested(tier=mirror.tier, count=n, protected_block_ids=[mirror.block_id(k) for k in protected])
-        remaining = self.deadline_s - (self._clock() - started)
-        answer = self.link.ask([pb.Event(ts_us=self._now_us(), eviction_requested=request)], max(remaining, 0.0))
+        names = self.names
+        request = pb.EvictionRequested(tier=names.tier, count=count, protected_block_ids=[names.remote(b) for b in protected])
+        remaining = self.deadline_s - (time.perf_counter() - started)
+        answer = link.ask([pb.Event(ts_us=self._now_us(), eviction_requested=request)], max(remaining, 0.0))
         if isinstance(answer, Unanswered):
             if answer.reason == TIMEOUT:
-                self._timeouts += 1
-                if self._timeouts >= self.timeouts_to_cool:
-                    self._cool_until = self._clock() + self.cooldown_s
-                    self._timeouts = 0
-                    log.warning(
-                        "kvbroker sidecar %s: %d answers late in a row; deciding locally for %.1fs",
-                        self.link.client_id,
-                        self.timeouts_to_cool,
-                        self.cooldown_s,
-                    )
+                self._timed_out()
             return answer.reason
         self._timeouts = 0
         if any(r.field.startswith("eviction_requested") for r in answer.rejections):
             return REFUSED
-        victims = [d for d in answer.directives if d.kind == _EVICT and d.from_tier == mirror.tier and d.reason.startswith(_REQUESTED)]
-        keys = self._valid(victims, n, protected)
-        if keys is None:
-            # Leave them to settle(): acked FAILED (vLLM keeps them), the broker puts them back.
+        victims = [d for d in answer.directives if d.kind == _EVICT and d.reason.startswith(_REQUESTED)]
+        chosen = self._valid(victims, count, protected)
+        if chosen is None:
+            # settle() acks them FAILED (vLLM keeps them): the broker puts them back.
             return INVALID
-        mirror.forget(keys)
         ts = self._now_us()
-        events = [acked_event(d.directive_id, ts) for d in victims]
-        events.append(freed_event([d.block_id for d in victims], ts))
-        self.link.send(events)
+        link.send([acked_event(d.directive_id, ts) for d in victims])
         self._used.update(d.directive_id for d in victims)
-        return keys
+        return chosen
 
-    def _valid(self, victims: list[dpb.Directive], n: int, protected: set[Key]) -> list[Key] | None:
-        """The keys of exactly n distinct victims the mirror holds, evictable and unprotected."""
-        if len(victims) != n:
+    def _timed_out(self) -> None:
+        self._timeouts += 1
+        if self._timeouts >= self.timeouts_to_cool:
+            self._timeouts = 0
+            self._cool_until = time.perf_counter() + self.cooldown_s
+            log.warning(
+                "kvbroker sidecar %s: %d answers late in a row; deciding locally for %.1f s",
+                self.link.client_id,
+                self.timeouts_to_cool,
+                self.cooldown_s,
+            )
+
+    def _valid(self, victims: list[dpb.Directive], count: int, protected: list[str]) -> list[str] | None:
+        """The local ids of exactly ``count`` distinct victims vLLM holds, none protected."""
+        if len(victims) != count:
             return None
-        keys: list[Key] = []
-        seen: set[Key] = set()
+        by_id = self.translator.by_id
+        shielded = set(protected)
+        chosen: list[str] = []
         for d in victims:
-            key = self.mirror.key_of(d.block_id)
-            if key is None or key in protected or key in seen or not self.mirror.evictable(key):
+            block_id = self.names.local(d.block_id)
+            if block_id is None or block_id not in by_id or block_id in shielded:
                 return None
-            seen.add(key)
-            keys.append(key)
-        return keys
+            shielded.add(block_id)  # a second copy is invalid too
+            chosen.append(block_id)
+        return chosen
 
-    def _fall_back(self, n: int, protected: set[Key], reason: str) -> list[Key] | None:
+    def _fall_back(self, count: int, protected: list[str], reason: str) -> list[str] | None:
+        """The embedded core decides, as in embedded mode (its batch is not forwarded: the
+        broker learns the victims from the translator's ``freed``)."""
         self.counts[f"fallback_{reason}"] += 1
-        keys = self.mirror.evict(n, protected)
-        if keys is None:
+        ask = wire.eviction_requested(self.translator.timestamp(), count, [wire.id_field(b) for b in protected])
+        outcome = self.translator.apply(ask)
+        if outcome is None or outcome.rejections:
             self.counts["fallback_none"] += 1
             return None
         self.counts["fallback_decisions"] += 1
-        if keys:
-            # What vLLM really evicted: the broker forgets them too (after its own choice, if
-            # the request reaches it; settle() puts back what it chose and vLLM kept).
-            self.link.send([freed_event([self.mirror.block_id(k) for k in keys], self._now_us())])
-        return keys
+        return [d.block_id for d in outcome.directives]
 
     # ---- keeping the broker's view ---------------------------------------------------------
 
@@ -231,45 +284,57 @@ class SidecarDecider(Generic[Key]):
 
     def _settle_directives(self) -> None:
         queue = self.link.directives
-        mirror = self.mirror
+        by_id = self.translator.by_id
+        names = self.names
         ts = self._now_us()
         acks: list[pb.Event] = []
-        late_batch = False
+        late = False
         while queue:
             d = queue.popleft()
             if d.directive_id in self._used:
                 self._used.discard(d.directive_id)
                 continue
-            held = mirror.key_of(d.block_id) is not None
+            block_id = names.local(d.block_id)
+            held = block_id is not None and block_id in by_id
             if d.kind == _EVICT and d.reason.startswith(_REQUESTED):
-                late_batch = True
+                late = True
                 self.counts["late_victims_kept" if held else "late_victims_evicted"] += 1
             else:
                 self.counts["other_directives"] += 1
             if d.kind == _EVICT and not held:
                 acks.append(acked_event(d.directive_id, ts))
             else:
-                # vLLM keeps the block where it is (or does not have it): the broker's model
+                # vLLM keeps the chunk where it is, or does not have it: the broker's model
                 # goes back to that.
-                acks.append(acked_event(d.directive_id, ts, failed=True, actual_tier=mirror.tier if held else ""))
-        if late_batch:
+                acks.append(acked_event(d.directive_id, ts, failed=True, actual_tier=d.from_tier if held else ""))
+        if late:
             self.counts["late_answers"] += 1
         if acks:
             self.link.send(acks)
 
+    def flush(self) -> None:
+        """Forward what the translator holds back (it batches until the next decision) and
+        settle what came from the broker: for an idle engine, tests and shutdown."""
+        self.translator.apply()
+        self.settle()
+
     def resync(self) -> None:
-        """Restate the tier: AllBlocksCleared, then every block the mirror holds."""
+        """Restate the tier: AllBlocksCleared, then every chunk vLLM holds (built on the
+        link's thread from a copy of the ids: the scheduler pays one list copy)."""
         self.counts["resyncs"] += 1
-        events = [pb.Event(ts_us=self._now_us(), cleared=pb.AllBlocksCleared()), *self.mirror.restate()]
-        log.warning("kvbroker sidecar %s: restating %d blocks to the broker (its view lost events)", self.link.client_id, len(events) - 1)
+        self.translator.apply()  # what vLLM did so far goes first; the restatement replaces it
+        held = list(self.translator.by_id)
+        log.warning("kvbroker sidecar %s: restating %d chunks to the broker (its view lost events)", self.link.client_id, len(held))
         self._used.clear()
-        self.link.send(events)
+        ts = self._now_us()
+        names = self.names
+        self.link.send_later(lambda: [pb.Event(ts_us=ts, cleared=pb.AllBlocksCleared()), *names.allocations(held, ts)])
 
     # ---- what the user sees ----------------------------------------------------------------
 
-    def counters(self) -> dict[str, float]:
+    def counters(self) -> dict[str, Any]:
         """Decisions by origin, fallbacks by reason, late answers, evict wait (µs), the link's."""
-        out: dict[str, float] = dict(self.counts)
+        out: dict[str, Any] = dict(self.counts)
         out.update({f"evict_{k}": v for k, v in self.evict_latency.summary().items()})
         out.update({f"link_{k}": v for k, v in self.link.counters().items()})
         return out
@@ -279,22 +344,58 @@ class SidecarDecider(Generic[Key]):
         if now - self._last_log < self.log_every_s:
             return
         self._last_log = now
+        log.info("%s", self.summary())
+
+    def summary(self) -> str:
         c = self.counts
         s = self.evict_latency.summary()
-        log.info(
-            "kvbroker sidecar %s: %d evictions, %d by the broker, %d by the fallback (%s), %d late answers; "
-            "evict wait p50 %.0f us, p99 %.0f us, max %.0f us",
-            self.link.client_id,
-            c["evictions_asked"],
-            c["broker_decisions"],
-            c["fallback_decisions"],
-            ", ".join(f"{r} {c['fallback_' + r]}" for r in REASONS if c["fallback_" + r]) or "none",
-            c["late_answers"],
-            s["p50_us"],
-            s["p99_us"],
-            s["max_us"],
+        fallbacks = ", ".join(f"{r} {c['fallback_' + r]}" for r in REASONS if c["fallback_" + r]) or "none"
+        return (
+            f"kvbroker sidecar {self.link.client_id}: {c['evictions_asked']} evictions, {c['broker_decisions']} decided by the "
+            f"broker, {c['fallback_decisions']} by the fallback ({fallbacks}), {c['late_answers']} late answers, "
+            f"{c['resyncs']} restatements; evict call p50 {s['p50_us']:.0f} us, p99 {s['p99_us']:.0f} us, max {s['max_us']:.0f} us"
         )
 
     def close(self) -> None:
-        self.settle()
+        self.flush()
+        log.info("%s", self.summary())
         self.link.close()
+
+
+def dp_rank() -> int:
+    """This engine's data-parallel rank (vLLM's config, else VLLM_DP_RANK, else 0)."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        if config is not None:
+            return int(config.parallel_config.data_parallel_rank)
+    except Exception:  # no vLLM (tests), or no config being built
+        pass
+    try:
+        return int(os.environ.get("VLLM_DP_RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def resolve(template: str, rank: int) -> str:
+    return template.replace("{pid}", str(os.getpid())).replace("{dp_rank}", str(rank))
+
+
+def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> SidecarDecider:
+    """The sidecar decider of ``settings`` (kvbroker_broker, kvbroker_deadline_ms, ...): the
+    link starts connecting in the background; vLLM does not wait for the broker."""
+    rank = dp_rank()
+    client_id = resolve(settings.client_id, rank)
+    tier = resolve(settings.broker_tier, rank)
+    link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=ClientSecurity.from_env())
+    decider = SidecarDecider(link, translator, local, Names(client_id + "/", tier), deadline_s=settings.deadline_ms / 1000.0)
+    log.info(
+        "kvbroker sidecar %s: broker %s, tier %r, bound %.1f ms, fallback policy %s",
+        client_id,
+        settings.broker,
+        tier or "(the broker's top tier)",
+        settings.deadline_ms,
+        local.core.policy_name,
+    )
+    return decider

@@ -70,7 +70,7 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     if settings.mode == "embedded":
         return None
     try:
-        from broker.offload import sidecar  # type: ignore[attr-defined]
+        from broker.offload import sidecar  # imported only here: it brings gRPC in
     except ImportError as exc:
         raise SettingsError(f"kvbroker_mode: sidecar mode is not available in this build ({exc})") from None
     decider: Decider = sidecar.make_decider(settings, local, translator)
@@ -83,7 +83,9 @@ class KvbrokerCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int, extra_config: Mapping[str, Any] | None = None) -> None:
         super().__init__(cache_capacity)
         self.settings = load_settings(extra_config if extra_config is not None else vllm_extra_config())
-        self.local = EmbeddedCore(self.settings, cache_capacity)
+        # Sidecar mode: the embedded core is the broker's local fallback (and mirror).
+        fallback = self.settings.fallback_policy if self.settings.mode == "sidecar" else ""
+        self.local = EmbeddedCore(self.settings, cache_capacity, policy=fallback or None)
         self.translator = translator = Translator(self.local, tenant=self.settings.tenant)
         decider = make_decider(self.settings, self.local, translator)
         if decider is not None:
@@ -164,4 +166,7 @@ class KvbrokerCachePolicy(CachePolicy):
 
     def close(self) -> None:
         self.translator.flush()
+        close_decider = getattr(self.translator.decider, "close", None)
+        if close_decider is not None:  # sidecar mode: the link to the broker
+            close_decider()
         self.local.close()
