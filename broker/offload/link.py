@@ -46,6 +46,8 @@ TIMEOUT = "timeout"
 LOST = "lost"
 FAILED = "failed"
 
+# How long an answer the asker gave up on is still waited for (to count it late).
+LATE_S = 30.0
 # Client counters that mean the broker's view lost something the resend cannot give back.
 _DIVERGED = ("dropped_batches", "lost_answers", "unrecoverable_batches", "failed_batches")
 
@@ -64,11 +66,13 @@ Maker = Callable[[], Sequence[pb.Event]]
 class _Ask:
     """An answer wanted: set on the link's loop, waited for on the scheduler thread."""
 
-    __slots__ = ("future", "timeout")
+    __slots__ = ("abandoned", "future", "timeout")
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.future: concurrent.futures.Future[dpb.DirectiveBatch | Unanswered] = concurrent.futures.Future()
+        # The asker stopped waiting (set under the link's lock): an answer now is a late one.
+        self.abandoned = False
 
 
 class BrokerLink:
@@ -102,6 +106,7 @@ class BrokerLink:
         self._queue: collections.deque[pb.Event | _Ask | Maker] = collections.deque()
         self._lock = threading.Lock()
         self._dropped_events = 0
+        self._late_answers = 0
         self._resync = False
         self._seen: dict[str, int] = dict.fromkeys(_DIVERGED, 0)
         self._closed = False
@@ -163,7 +168,11 @@ class BrokerLink:
         try:
             return ask.future.result(timeout)
         except concurrent.futures.TimeoutError:
-            return Unanswered(TIMEOUT, f"no answer within {timeout * 1000:.1f} ms")
+            with self._lock:
+                if not ask.future.done():
+                    ask.abandoned = True
+                    return Unanswered(TIMEOUT, f"no answer within {timeout * 1000:.1f} ms")
+            return ask.future.result()  # it came as the wait ended
 
     def _put(self, events: Sequence[pb.Event], ask: _Ask | None, make: Maker | None = None) -> None:
         with self._lock:
@@ -200,7 +209,7 @@ class BrokerLink:
 
     def counters(self) -> dict[str, int]:
         with self._lock:
-            mine = {"queued_events": len(self._queue), "dropped_events": self._dropped_events}
+            mine = {"queued_events": len(self._queue), "dropped_events": self._dropped_events, "late_answers": self._late_answers}
         inner = {f"client_{k}": v for k, v in self._client.counters.as_dict().items()}
         return {**mine, **inner, "connected": int(self.connected)}
 
@@ -292,10 +301,11 @@ class BrokerLink:
             log.debug("link %s: event not sent: %s", self.client_id, exc)
 
     async def _answer(self, ask: _Ask) -> None:
-        """Seal the open batch (it ends with the asking event) and wait for its answer, a
-        little longer than the asker does (a late answer still comes through ``directives``)."""
+        """Seal the open batch (it ends with the asking event) and wait for its answer. One
+        that comes after the asker gave up is counted late (its directives, like every
+        directive, go to ``directives``); after LATE_S it is not waited for any more."""
         try:
-            result: Any = await asyncio.wait_for(self._client.flush(), ask.timeout + 0.05)
+            result: Any = await asyncio.wait_for(self._client.flush(), ask.timeout + LATE_S)
         except TimeoutError:
             result = Unanswered(TIMEOUT, "no answer in time")
         except BrokerError as exc:
@@ -304,5 +314,9 @@ class BrokerLink:
             result = Unanswered(LOST, "the batch was dropped before the broker answered")
         elif isinstance(result, dpb.DirectiveBatch) and result.duplicate:
             result = Unanswered(LOST, "the broker applied the batch; its answer was lost with the stream")
-        if not ask.future.done():
+        with self._lock:
+            if ask.abandoned:
+                if isinstance(result, dpb.DirectiveBatch):
+                    self._late_answers += 1
+                return
             ask.future.set_result(result)

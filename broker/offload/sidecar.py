@@ -159,7 +159,6 @@ class SidecarDecider:
             "broker_decisions": 0,
             "fallback_decisions": 0,
             "fallback_none": 0,
-            "late_answers": 0,
             "late_victims_kept": 0,
             "late_victims_evicted": 0,
             "other_directives": 0,
@@ -288,7 +287,6 @@ class SidecarDecider:
         names = self.names
         ts = self._now_us()
         acks: list[pb.Event] = []
-        late = False
         while queue:
             d = queue.popleft()
             if d.directive_id in self._used:
@@ -297,7 +295,6 @@ class SidecarDecider:
             block_id = names.local(d.block_id)
             held = block_id is not None and block_id in by_id
             if d.kind == _EVICT and d.reason.startswith(_REQUESTED):
-                late = True
                 self.counts["late_victims_kept" if held else "late_victims_evicted"] += 1
             else:
                 self.counts["other_directives"] += 1
@@ -307,8 +304,6 @@ class SidecarDecider:
                 # vLLM keeps the chunk where it is, or does not have it: the broker's model
                 # goes back to that.
                 acks.append(acked_event(d.directive_id, ts, failed=True, actual_tier=d.from_tier if held else ""))
-        if late:
-            self.counts["late_answers"] += 1
         if acks:
             self.link.send(acks)
 
@@ -349,10 +344,11 @@ class SidecarDecider:
     def summary(self) -> str:
         c = self.counts
         s = self.evict_latency.summary()
+        late = self.link.counters()["late_answers"]
         fallbacks = ", ".join(f"{r} {c['fallback_' + r]}" for r in REASONS if c["fallback_" + r]) or "none"
         return (
             f"kvbroker sidecar {self.link.client_id}: {c['evictions_asked']} evictions, {c['broker_decisions']} decided by the "
-            f"broker, {c['fallback_decisions']} by the fallback ({fallbacks}), {c['late_answers']} late answers, "
+            f"broker, {c['fallback_decisions']} by the fallback ({fallbacks}), {late} late answers, "
             f"{c['resyncs']} restatements; evict call p50 {s['p50_us']:.0f} us, p99 {s['p99_us']:.0f} us, max {s['max_us']:.0f} us"
         )
 

@@ -236,3 +236,96 @@ def test_broker_decides_then_the_fallback_holds_the_bound_through_a_kill_then_th
     finally:
         decider.close()
         stop(proc)
+
+
+def wait_until_broker_holds(port: int, translator: Translator, decider: SidecarDecider) -> None:
+    held = {key.hex() for key in translator.entries}
+    deadline = time.monotonic() + 15
+    while not broker_holds(port, held) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        decider.flush()  # late directives are settled, the tier restated if needed
+    assert broker_holds(port, held)
+
+
+def test_a_hung_broker_costs_the_bound_then_its_late_answers_are_put_right(tmp_path: Path) -> None:
+    # FIFO at the broker, LRU as the fallback, and every store first touches the oldest
+    # chunk: FIFO evicts that chunk, LRU the one after it. So the late answers name a chunk
+    # vLLM kept, and the broker must put it back.
+    proc, port = serve(tmp_path, "fifo")
+    translator, decider = sidecar(port, "lru")
+    engine = Engine(translator)
+    order: list[bytes] = []  # keys in the order they were stored
+
+    def step(i: int) -> None:
+        key = i.to_bytes(8, "big")
+        if order:
+            oldest = next(k for k in order if translator.get(k) is not None)
+            translator.touch([oldest], Request(f"t{i}"))
+        if len(translator.entries) >= CHUNKS:
+            started = time.perf_counter()
+            victims = translator.evict(1, {key})
+            engine.evict_times.append(time.perf_counter() - started)
+            assert victims is not None and len(victims) == 1
+        translator.insert(key, Chunk(), Request(f"r{i}"))
+        order.append(key)
+
+    try:
+        assert decider.link.wait_connected(10)
+        decider.deadline_s = 5.0
+        for i in range(CHUNKS + 20):
+            step(i)
+        assert decider.counters()["broker_decisions"] == 20
+        # SIGSTOP: the stream stays up, no answer comes. Each evict costs at most the bound;
+        # after three late answers in a row the broker is not asked for cooldown_s.
+        decider.deadline_s = DEADLINE_MS / 1000
+        proc.send_signal(signal.SIGSTOP)
+        engine.evict_times.clear()
+        for i in range(CHUNKS + 20, CHUNKS + 60):
+            step(i)
+        assert max(engine.evict_times) < DEADLINE_MS / 1000 + MARGIN_S, max(engine.evict_times)
+        counts = decider.counters()
+        assert counts["fallback_timeout"] == 3 and counts["fallback_cooldown"] == 37, counts
+        proc.send_signal(signal.SIGCONT)
+        # The three requests reach the broker late. The first evicts the touched chunk, which
+        # vLLM kept (LRU evicted the next one): the decider acks it FAILED and the broker puts
+        # it back. (That access of a chunk the broker had dropped brings it back as newest, so
+        # the next two late victims are the ones the fallback chose too: acked DONE.) The
+        # broker ends up holding exactly what vLLM holds.
+        wait_until_broker_holds(port, translator, decider)
+        counts = decider.counters()
+        assert counts["link_late_answers"] == 3, counts
+        assert counts["late_victims_kept"] >= 1 and counts["late_victims_kept"] + counts["late_victims_evicted"] == 3, counts
+        assert counts["resyncs"] == 0, counts
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        decider.close()
+        stop(proc)
+
+
+def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> None:
+    # No journal: a restarted broker knows nothing of this client; the resend cannot give
+    # back what the client no longer retains, so the decider restates the tier.
+    config = broker_config("lru")
+    proc, port = start_serve(tmp_path, "--journal", "none", config_text=config)
+    translator, decider = sidecar(port, "lru")
+    # Retain no answered batch (as if the run were longer than retain_batches): what the
+    # restarted broker lost cannot be resent.
+    decider.link._client._retain = 0
+    engine = Engine(translator)
+    try:
+        assert decider.link.wait_connected(10)
+        for i in range(200):
+            engine.store(i)
+        decider.flush()
+        wait_until_broker_holds(port, translator, decider)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc, port2 = start_serve(tmp_path, "--journal", "none", "--listen", f"127.0.0.1:{port}", config_text=config)
+        assert port2 == port and decider.link.wait_connected(10)
+        for i in range(200, 260):
+            engine.store(i)
+        wait_until_broker_holds(port, translator, decider)
+        assert decider.counters()["resyncs"] >= 1
+    finally:
+        decider.close()
+        stop(proc)
