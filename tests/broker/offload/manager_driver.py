@@ -1,0 +1,247 @@
+"""Drive vLLM's real ``CPUOffloadingManager`` (vllm/v1/kv_offload/cpu/manager.py) as its
+scheduler does, with any CachePolicy: vLLM's own (``lru``, ``arc``) or kvbroker's adapter.
+
+Needs vLLM (the tests that use it are marked ``vllm``). Used by tests/broker/offload and by
+bench/vllm_offload.py.
+
+- ``random_stream``: a seeded stream of requests over shared prompt prefixes, several in
+  flight at once, each looking up its chunks, loading its hits, storing its misses in
+  groups, its loads and stores completing later (some stores failing), touches, request
+  finishes, and now and then a cache reset. Every manager answer (lookups, each
+  prepare_store's stored and evicted keys, refusals) goes into the trace: two policies that
+  decide alike give equal traces.
+- ``mooncake``: the Mooncake trace's requests in order, each: look up its prefix, load the
+  hits, store the misses, finish. Returns the chunk hit ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+ADAPTER_MODULE = "broker.offload.vllm_policy"
+ADAPTER_CLASS = "KvbrokerCachePolicy"
+MOONCAKE = pathlib.Path(__file__).resolve().parents[2] / "data" / "mooncake" / "synthetic_trace.jsonl"
+
+
+class Spec:
+    """Stands where vLLM's CPUOffloadingSpec stands: it holds the kv_connector_extra_config
+    and builds the manager (so the adapter finds its ``kvbroker_*`` keys as it does in vLLM)."""
+
+    def __init__(self, extra_config: Mapping[str, Any]) -> None:
+        self.extra_config = dict(extra_config)
+
+    def get_manager(self, num_chunks: int) -> CPUOffloadingManager:
+        policy = self.extra_config.get("eviction_policy", "lru")
+        return CPUOffloadingManager(
+            num_chunks, cache_policy=policy, cache_policy_module_path=self.extra_config.get("cache_policy_module_path")
+        )
+
+
+def vllm_manager(policy: str, num_chunks: int) -> CPUOffloadingManager:
+    """A manager with one of vLLM's own policies (``lru``, ``arc``)."""
+    return Spec({"eviction_policy": policy}).get_manager(num_chunks)
+
+
+def kvbroker_manager(policy: str, num_chunks: int, **extra: Any) -> CPUOffloadingManager:
+    """A manager with kvbroker's adapter running ``policy`` (``kvbroker_*`` keys in ``extra``,
+    without the prefix)."""
+    config = {"eviction_policy": ADAPTER_CLASS, "cache_policy_module_path": ADAPTER_MODULE, "kvbroker_policy": policy}
+    config.update({f"kvbroker_{k}": v for k, v in extra.items()})
+    return Spec(config).get_manager(num_chunks)
+
+
+def key(n: int) -> Any:
+    return make_offload_key(n.to_bytes(8, "big"), 0)
+
+
+@dataclasses.dataclass
+class Request:
+    ctx: ReqContext
+    keys: list[Any]
+    rng: random.Random
+    state: str = "lookup"
+    misses: list[Any] = dataclasses.field(default_factory=list)
+    loading: list[Any] = dataclasses.field(default_factory=list)
+    storing: list[list[Any]] = dataclasses.field(default_factory=list)
+
+
+def random_stream(
+    manager: CPUOffloadingManager,
+    seed: int,
+    steps: int,
+    *,
+    positions: bool = False,
+    hints: Callable[[random.Random], Any] | None = None,
+    docs: int = 40,
+    doc_len: int = 24,
+    concurrency: int = 4,
+    reset_every: int = 0,
+) -> list[tuple[Any, ...]]:
+    """Run ``steps`` scheduler actions; the trace of every manager answer."""
+    rng = random.Random(seed)
+    trace: list[tuple[Any, ...]] = []
+    active: list[Request] = []
+    fresh = 10_000_000
+    n_req = 0
+    for step in range(steps):
+        if reset_every and step % reset_every == reset_every - 1 and not active:
+            manager.reset_cache()
+            trace.append(("reset",))
+            continue
+        if len(active) < concurrency and (not active or rng.random() < 0.3):
+            n_req += 1
+            req_rng = random.Random(rng.getrandbits(64))
+            doc = req_rng.randrange(docs)
+            shared = req_rng.randint(0, doc_len)
+            keys = [key(doc * 1000 + i) for i in range(shared)]
+            for _ in range(req_rng.randint(1, 6)):
+                fresh += 1
+                keys.append(key(fresh))
+            ctx = ReqContext(req_id=f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None)
+            if positions:
+                for i, k in enumerate(keys):
+                    ctx.set_offload_key_position(k, (i + 1) * 16)
+            manager.on_new_request(ctx)
+            active.append(Request(ctx, keys, req_rng))
+            continue
+        req = active[rng.randrange(len(active))]
+        trace.append(advance(manager, req))
+        if req.state == "done":
+            active.remove(req)
+    for req in active:  # drain: complete what is in flight, finish every request
+        while req.state != "done":
+            trace.append(advance(manager, req))
+    return trace
+
+
+def advance(manager: CPUOffloadingManager, req: Request) -> tuple[Any, ...]:
+    """One scheduler action of a request; what the manager answered."""
+    rng, ctx = req.rng, req.ctx
+    if req.state == "lookup":
+        hits = []
+        for k in req.keys:
+            if manager.lookup(k, ctx) != LookupResult.HIT:
+                break
+            hits.append(k)
+        req.misses = req.keys[len(hits) :]
+        if hits:
+            manager.prepare_load(hits, ctx)
+            req.loading = hits
+        req.state = "store"
+        return ("lookup", ctx.req_id, len(hits))
+    if req.state == "store" and req.misses and rng.random() < 0.7:
+        n = rng.randint(1, 4)
+        group, req.misses = req.misses[:n], req.misses[n:]
+        out = manager.prepare_store(group, ctx)
+        if out is None:
+            return ("store", ctx.req_id, None)
+        if out.keys_to_store:
+            req.storing.append(list(out.keys_to_store))
+        return ("store", ctx.req_id, tuple(out.keys_to_store), tuple(out.evicted_keys))
+    if req.loading and rng.random() < 0.5:
+        manager.complete_load(req.loading, ctx)
+        req.loading = []
+        return ("loaded", ctx.req_id)
+    if req.storing and rng.random() < 0.5:
+        group = req.storing.pop(0)
+        ok = rng.random() < 0.9
+        manager.complete_store(group, ctx, success=ok)
+        return ("stored", ctx.req_id, ok)
+    if rng.random() < 0.15:
+        touched = [k for k in req.keys if rng.random() < 0.5]
+        manager.touch(touched, ctx)
+        return ("touch", ctx.req_id, len(touched))
+    if not req.misses and not req.loading and not req.storing:
+        manager.on_request_finished(ctx)
+        req.state = "done"
+        return ("finished", ctx.req_id)
+    if req.state == "store" and req.misses:
+        req.misses = []  # the request stops storing (it was preempted, or its blocks were not computed)
+        return ("skip", ctx.req_id)
+    return ("wait", ctx.req_id)
+
+
+def mooncake_requests(limit: int | None = None) -> Iterator[list[int]]:
+    with MOONCAKE.open() as f:
+        for i, line in enumerate(f):
+            if limit is not None and i >= limit:
+                return
+            yield json.loads(line)["hash_ids"]
+
+
+def mooncake(manager: CPUOffloadingManager, requests: list[list[int]], *, positions: bool = True) -> tuple[int, int]:
+    """Run the trace's requests one after another: (chunks hit, chunks asked)."""
+    hit = asked = 0
+    for n, hash_ids in enumerate(requests):
+        ctx = ReqContext(req_id=f"m{n}")
+        keys = [key(h) for h in hash_ids]
+        if positions:
+            for i, k in enumerate(keys):
+                ctx.set_offload_key_position(k, (i + 1) * 512)
+        manager.on_new_request(ctx)
+        hits = []
+        for k in keys:
+            if manager.lookup(k, ctx) != LookupResult.HIT:
+                break
+            hits.append(k)
+        if hits:
+            manager.prepare_load(hits, ctx)
+            manager.complete_load(hits, ctx)
+        misses = keys[len(hits) :]
+        if misses:
+            out = manager.prepare_store(misses, ctx)
+            if out is not None and out.keys_to_store:
+                manager.complete_store(out.keys_to_store, ctx)
+        manager.on_request_finished(ctx)
+        hit += len(hits)
+        asked += len(keys)
+    return hit, asked
+
+
+class TimedPolicy:
+    """Wraps a manager's policy: the time spent in each call (perf_counter_ns around it,
+    less the timer's own cost, calibrated)."""
+
+    def __init__(self, manager: CPUOffloadingManager) -> None:
+        self.inner = manager._policy
+        self.calls = 0
+        self.ns = 0
+        self.overhead = _timer_overhead()
+        manager._policy = self  # type: ignore[assignment]
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.inner, name)
+        if not callable(method):
+            return method
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            out = method(*args, **kwargs)
+            self.ns += time.perf_counter_ns() - t0 - self.overhead
+            self.calls += 1
+            return out
+
+        return timed
+
+    def us_per_call(self) -> float:
+        return self.ns / self.calls / 1000 if self.calls else 0.0
+
+
+def _timer_overhead() -> int:
+    best = 1 << 62
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(10_000):
+            a = time.perf_counter_ns()
+            _ = time.perf_counter_ns() - a
+        best = min(best, (time.perf_counter_ns() - t0) // 10_000)
+    return best // 2

@@ -1,0 +1,48 @@
+"""kvbroker_* keys of kv_connector_extra_config, KVBROKER_VLLM_* as the fallback, and errors
+that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.offload.settings import OffloadSettings, SettingsError, load_settings
+
+
+def test_defaults_keys_then_environment() -> None:
+    assert load_settings({}, {}) == OffloadSettings()
+    env = {"KVBROKER_VLLM_POLICY": "arc", "KVBROKER_VLLM_JOURNAL": "file:///tmp/x.journal", "KVBROKER_VLLM_JOURNAL_FLUSH_MS": "20"}
+    got = load_settings({"kvbroker_policy": "s3fifo", "cpu_bytes_to_use": 10, "eviction_policy": "KvbrokerCachePolicy"}, env)
+    # The key wins over the variable; the variable over the default; vLLM's own keys are left alone.
+    assert (got.policy, got.journal, got.journal_flush_ms) == ("s3fifo", "file:///tmp/x.journal", 20.0)
+    params = load_settings({"kvbroker_policy_params": '{"small_ratio": 0.2}', "kvbroker_policy": "s3fifo"}, {})
+    assert params.policy_params == {"small_ratio": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "message"),
+    [
+        ({"kvbroker_polcy": "lru"}, {}, "kv_connector_extra_config.kvbroker_polcy: unknown key"),
+        ({"kvbroker_policy": "nope"}, {}, "kv_connector_extra_config.kvbroker_policy: "),
+        ({}, {"KVBROKER_VLLM_POLICY": "nope"}, "kvbroker_policy (or KVBROKER_VLLM_POLICY): "),
+        ({"kvbroker_policy": "belady"}, {}, "runs in replay only"),
+        ({"kvbroker_mode": "remote"}, {}, "kv_connector_extra_config.kvbroker_mode: expected one of embedded, sidecar"),
+        ({"kvbroker_mode": "sidecar"}, {}, "kvbroker_broker (or KVBROKER_VLLM_BROKER): required in sidecar mode"),
+        ({"kvbroker_journal": "s3://bucket"}, {}, "kv_connector_extra_config.kvbroker_journal: expected none, file://PATH"),
+        ({}, {"KVBROKER_VLLM_JOURNAL_FLUSH_MS": "soon"}, "KVBROKER_VLLM_JOURNAL_FLUSH_MS: expected a number"),
+        ({"kvbroker_deadline_ms": -1}, {}, "kv_connector_extra_config.kvbroker_deadline_ms: expected a finite number > 0"),
+        ({"kvbroker_policy_params": "{"}, {}, "kv_connector_extra_config.kvbroker_policy_params: not valid JSON"),
+        ({"kvbroker_policy": "lru", "kvbroker_policy_params": {"bogus": 1}}, {}, "kv_connector_extra_config.kvbroker_policy_params: "),
+        ({"kvbroker_client_id": ""}, {}, "kv_connector_extra_config.kvbroker_client_id: required"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_it(extra: dict[str, object], env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(extra, env)
+    assert message in str(caught.value)
+
+
+def test_the_core_config_is_one_tier_of_chunks_without_watermark_slack() -> None:
+    config = load_settings({"kvbroker_policy": "arc"}, {}).core_config(1234)
+    (tier,) = config.tiers
+    assert (tier.name, tier.capacity_bytes, tier.high_watermark, tier.low_watermark) == ("cpu", 1234, 1.0, 1.0)
+    assert config.policy.name == "arc"

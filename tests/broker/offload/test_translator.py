@@ -1,0 +1,158 @@
+"""The adapter's translator against its contract (vLLM's CachePolicy), with stand-ins for
+vLLM's request contexts and chunks; the same through vLLM's real manager is in
+test_vllm_manager.py (marker ``vllm``).
+
+- contract: ``evict`` names exactly n distinct resident chunks, none protected, none vLLM
+  holds (a store in flight, a load reading it), or returns None and changes nothing; None
+  exactly when too few can be chosen; ``remove`` and ``clear`` forget; the embedded core
+  holds exactly the chunks vLLM holds.
+- intent: a hinted request's chunks outlive hint-less ones under priority_lru.
+- replay: the journal replays with --verify to the same evictions.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.journal import JournalSource
+from broker.model.core import Directive
+from broker.offload.embedded import EmbeddedCore
+from broker.offload.settings import load_settings
+from broker.offload.translate import Translator
+from broker.replay.replay import journal_batches, replay, replay_source
+from clients.kv_hints import envelope_dict
+from tests.broker.offload.fakes import Chunk, Ctx, k
+
+
+def translator(policy: str, capacity: int, journal: str = "none") -> Translator:
+    settings = load_settings({"kvbroker_policy": policy, "kvbroker_journal": journal}, {})
+    return Translator(EmbeddedCore(settings, capacity))
+
+
+def resident(t: Translator) -> set[str]:
+    """Block ids in the embedded core's tier (after applying what is buffered)."""
+    t.apply()
+    return {b.block_id for b in t.local.core.blocks.values() if b.tier == 0}
+
+
+def drive(t: Translator, rng: random.Random, steps: int, capacity: int) -> list[list[bytes]]:
+    """A random stream as vLLM's manager makes it; checks the contract at every eviction.
+    Returns the victims of each granted eviction."""
+    chunks: dict[bytes, Chunk] = {}
+    evictions: list[list[bytes]] = []
+    fresh = 0
+    ctxs = [Ctx(f"r{i}") for i in range(4)]
+    for _ in range(steps):
+        roll = rng.random()
+        ctx = rng.choice(ctxs)
+        keys = list(chunks)
+        if roll < 0.3:
+            free = capacity - len(chunks)
+            group = [k(fresh + i) for i in range(rng.randint(1, 3))]
+            fresh += len(group)
+            need = len(group) - free
+            evictable = [x for x in keys if chunks[x].ref_cnt == 0]
+            protected = set(rng.sample(keys, min(len(keys), rng.randint(0, 3)))) | set(group)
+            if need > 0:
+                before = dict(t.entries)
+                got = t.evict(need, protected)
+                choosable = [x for x in evictable if x not in protected]
+                if got is None:
+                    assert len(choosable) < need and t.entries == before
+                    continue
+                victims = [x for x, _ in got]
+                assert len(victims) == len(set(victims)) == need
+                assert set(victims) <= set(choosable)
+                assert all(chunk is chunks[x] for x, chunk in got)
+                for x in victims:
+                    del chunks[x]
+                    assert t.get(x) is None
+                evictions.append(victims)
+            for x in group:
+                chunks[x] = Chunk(-1)
+                t.insert(x, chunks[x], ctx)
+        elif roll < 0.5 and keys:  # a store completes (or fails), or a load ends
+            x = rng.choice(keys)
+            chunk = chunks[x]
+            if chunk.ref_cnt == -1 and rng.random() < 0.1:
+                t.remove(x)
+                del chunks[x]
+            elif chunk.ref_cnt == -1 or chunk.ref_cnt == 1:
+                chunk.ref_cnt = 0
+                t.mark_evictable(x)
+            elif chunk.ref_cnt > 1:
+                chunk.ref_cnt -= 1
+        elif roll < 0.6 and keys:  # a load starts
+            x = rng.choice(keys)
+            chunk = chunks[x]
+            if chunk.ref_cnt >= 0:
+                if chunk.ref_cnt == 0:
+                    t.mark_non_evictable(x)
+                chunk.ref_cnt += 1
+        elif roll < 0.8 and keys:
+            t.touch([*rng.sample(keys, min(len(keys), 4)), k(10**9)], ctx)  # an unknown key is skipped
+        elif roll < 0.95 and keys:
+            t.on_request_finished([rng.sample(keys, min(len(keys), 5))], set(), set(), ctx)
+        elif roll < 0.97:
+            t.clear()
+            chunks.clear()
+            assert t.entries == {}
+        assert {x for x in chunks if t.get(x) is not chunks[x]} == set()
+    assert resident(t) == {x.hex() for x in chunks}
+    assert t.local.core.stats.evictions == t.stats.chunks_evicted  # the core evicted nothing on its own
+    return evictions
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["lru", "arc", "s3fifo", "fifo", "sieve", "two_queue", "prefix_aware", "adaptive", "priority_lru"]),
+    st.integers(0, 2**32),
+)
+def test_contract_under_a_random_stream(policy: str, seed: int) -> None:
+    drive(translator(policy, 12), random.Random(seed), 300, 12)
+
+
+def test_a_hinted_request_keeps_its_chunks_over_hintless_ones_under_priority_lru() -> None:
+    """priority_lru (policies/priority_lru.py) evicts the coldest priority class first, then
+    the lowest request priority, then the least recent: a request hinted "hot" keeps its
+    chunks over newer hint-less ones; under lru, the same stream evicts them (oldest)."""
+    for policy, survivor in (("priority_lru", "hinted"), ("lru", "plain")):
+        t = translator(policy, 8)
+        hinted, plain = Ctx("hinted", envelope_dict(priority="hot", request_priority=80)), Ctx("plain")
+        for i, ctx in enumerate([hinted] * 4 + [plain] * 4):
+            t.insert(k(i), Chunk(0), ctx)
+        victims = t.evict(4, set())
+        assert victims is not None
+        kept = {x for x in map(k, range(8))} - {x for x, _ in victims}
+        expected = {k(i) for i in (range(4) if survivor == "hinted" else range(4, 8))}
+        assert kept == expected, policy
+    assert t.stats.hinted_requests == 1
+
+
+def test_a_malformed_hint_is_ignored_counted_and_the_request_still_runs() -> None:
+    t = translator("lru", 4)
+    bad = Ctx("r", {"actions": [{"action_type": "kvbroker.intent", "action_version": "1", "payload": {"priority": "urgent"}}]})
+    t.insert(k(1), Chunk(0), bad)
+    t.insert(k(2), Chunk(0), bad)  # parsed once per request
+    assert resident(t) == {k(1).hex(), k(2).hex()}
+    assert sum(t.stats.hints_ignored.values()) == 1
+    assert "payload.priority" in next(iter(t.stats.hints_ignored))
+
+
+def test_the_journal_replays_with_verify_to_the_same_evictions(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/vllm.journal"
+    t = translator("s3fifo", 10, url)
+    evictions = drive(t, random.Random(7), 600, 10)
+    t.flush()
+    t.local.close()
+    assert evictions, "the stream must make the policy choose"
+    (result,) = replay_source(JournalSource(url), ["s3fifo"], verify=True)
+    assert result.mismatches == 0
+    sink: list[Directive] = []
+    config = t.local.config
+    replay(journal_batches(JournalSource(url)), config, None, sink=sink)
+    assert [d.block_id for d in sink] == [x.hex() for group in evictions for x in group]
