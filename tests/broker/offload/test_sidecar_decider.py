@@ -34,8 +34,7 @@ from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
-from tests.broker.offload.test_sidecar_link import stop
-from tests.e2e.test_cli import start_serve
+from tests.broker.offload.test_sidecar_link import start_broker, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -142,7 +141,7 @@ class Oracle:
 
 def serve(tmp_path: Path, policy: str, port: int = 0) -> tuple[subprocess.Popen[str], int]:
     journal = f"file://{tmp_path}/broker.journal"
-    return start_serve(tmp_path, "--journal", journal, "--listen", f"127.0.0.1:{port}", config_text=broker_config(policy))
+    return start_broker(tmp_path, broker_config(policy), "--journal", journal, "--listen", f"127.0.0.1:{port}")
 
 
 def broker_holds(port: int, held: set[str]) -> bool:
@@ -306,7 +305,7 @@ def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> 
     # No journal: a restarted broker knows nothing of this client; the resend cannot give
     # back what the client no longer retains, so the decider restates the tier.
     config = broker_config("lru")
-    proc, port = start_serve(tmp_path, "--journal", "none", config_text=config)
+    proc, port = start_broker(tmp_path, config, "--journal", "none")
     translator, decider = sidecar(port, "lru")
     # Retain no answered batch (as if the run were longer than retain_batches): what the
     # restarted broker lost cannot be resent.
@@ -320,7 +319,7 @@ def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> 
         wait_until_broker_holds(port, translator, decider)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        proc, port2 = start_serve(tmp_path, "--journal", "none", "--listen", f"127.0.0.1:{port}", config_text=config)
+        proc, port2 = start_broker(tmp_path, config, "--journal", "none", "--listen", f"127.0.0.1:{port}")
         assert port2 == port and decider.link.wait_connected(10)
         for i in range(200, 260):
             engine.store(i)

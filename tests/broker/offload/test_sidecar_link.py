@@ -4,8 +4,10 @@ is back on the port."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,15 +16,35 @@ import pytest
 from broker.offload.link import DOWN, TIMEOUT, BrokerLink, Unanswered
 from clients.broker_client import accessed_event, allocated_event
 from kvbroker.v1 import directive_pb2 as dpb
-from tests.e2e.test_cli import start_serve
 
 pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[3]
 
 CONFIG = '[policy]\nname = "lru"\n[[tiers]]\nname = "cpu"\ncapacity = 64\nhigh_watermark = 1.0\nlow_watermark = 1.0\n'
 
 
+def start_broker(tmp_path: Path, config_text: str, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """``kvbroker serve`` as a process (``python -m broker.cli.main``: the same command, also
+    where the project is on the path but not installed, as in the vLLM venv)."""
+    config = tmp_path / "broker.toml"
+    config.write_text(config_text)
+    command = [sys.executable, "-m", "broker.cli.main", "serve", "--config", str(config), "--listen", "127.0.0.1:0", *args]
+    log = tmp_path / "serve.log"
+    with log.open("a") as stderr:  # a file, not a pipe: a long run must not fill a pipe and stall the broker
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(f"kvbroker serve did not start: {log.read_text()[-2000:]}")
+    ready = json.loads(line)
+    assert ready["event"] == "listening", ready
+    return proc, int(ready["port"])
+
+
 def serve(tmp_path: Path, port: int = 0) -> tuple[subprocess.Popen[str], int]:
-    return start_serve(tmp_path, "--journal", f"file://{tmp_path}/broker.journal", "--listen", f"127.0.0.1:{port}", config_text=CONFIG)
+    return start_broker(tmp_path, CONFIG, "--journal", f"file://{tmp_path}/broker.journal", "--listen", f"127.0.0.1:{port}")
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
