@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 from broker.offload import events as wire
@@ -358,8 +360,23 @@ class SidecarDecider:
         self.link.close()
 
 
+# How far up the stack vLLM's offloading spec is looked for (make_decider <- policy <- manager <- spec).
+_STACK_DEPTH = 16
+
+
 def dp_rank() -> int:
-    """This engine's data-parallel rank (vLLM's config, else VLLM_DP_RANK, else 0)."""
+    """This engine's data-parallel rank: the offloading spec's (``config.parallel.
+    data_parallel_index``, found on the call stack: the spec builds the manager, which
+    builds the policy), else vLLM's current config, else VLLM_DP_RANK, else 0."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_STACK_DEPTH):
+        if frame is None:
+            break
+        parallel = getattr(getattr(frame.f_locals.get("self"), "config", None), "parallel", None)
+        index = getattr(parallel, "data_parallel_index", None)
+        if isinstance(index, int) and not isinstance(index, bool):
+            return index
+        frame = frame.f_back
     try:
         from vllm.config import get_current_vllm_config_or_none
 

@@ -144,19 +144,19 @@ def serve(tmp_path: Path, policy: str, port: int = 0) -> tuple[subprocess.Popen[
     return start_broker(tmp_path, broker_config(policy), "--journal", journal, "--listen", f"127.0.0.1:{port}")
 
 
-def broker_holds(port: int, held: set[str]) -> bool:
-    """The broker's tier holds exactly ``held``: as many blocks, each of them there."""
+def broker_holds(port: int, held: set[str], client: str = CLIENT, tier: str = TIER) -> bool:
+    """The rank's tier at the broker holds exactly ``held``: as many blocks, each of them there."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = spb_grpc.BrokerServiceStub(channel)
         totals = stub.GetResidency(spb.GetResidencyRequest(totals=True), timeout=10)
-        if [t.blocks for t in totals.tiers if t.name == TIER] != [len(held)]:
+        if [t.blocks for t in totals.tiers if t.name == tier] != [len(held)]:
             return False
         for block_id in held:
             try:
-                reply = stub.GetResidency(spb.GetResidencyRequest(block_id=f"{CLIENT}/{block_id}"), timeout=10)
+                reply = stub.GetResidency(spb.GetResidencyRequest(block_id=f"{client}/{block_id}"), timeout=10)
             except grpc.RpcError:
                 return False
-            if reply.blocks[0].tier != TIER:
+            if reply.blocks[0].tier != tier:
                 return False
     return True
 
@@ -327,4 +327,35 @@ def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> 
         assert decider.counters()["resyncs"] >= 1
     finally:
         decider.close()
+        stop(proc)
+
+
+def test_one_broker_serves_two_data_parallel_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, port = serve(tmp_path, "lru")
+    ranks = []
+    for rank in (0, 1):
+        monkeypatch.setenv("VLLM_DP_RANK", str(rank))
+        translator, decider = sidecar(port, "lru")
+        decider.deadline_s = 5.0  # the broker decides: no fallback on a loaded box
+        ranks.append((Engine(translator), translator, decider))
+    try:
+        assert all(decider.link.wait_connected(10) for _, _, decider in ranks)
+        # Both ranks store the same keys (each its own prefix cache), interleaved, rank 1
+        # with a shifted stream: the ids do not collide at the broker, and each rank's
+        # victims come from its own tier.
+        for i in range(300):
+            ranks[0][0].store(i)
+            ranks[1][0].store(i + 3)
+        for rank, (_, translator, decider) in enumerate(ranks):
+            counts = decider.counters()
+            assert counts["broker_decisions"] >= 50 and counts["fallback_decisions"] == 0, counts
+            decider.flush()
+            held = {key.hex() for key in translator.entries}
+            deadline = time.monotonic() + 10
+            while not broker_holds(port, held, f"vllm-dp{rank}", f"cpu{rank}") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert broker_holds(port, held, f"vllm-dp{rank}", f"cpu{rank}")
+    finally:
+        for _, _, decider in ranks:
+            decider.close()
         stop(proc)

@@ -5,6 +5,7 @@ and the names the broker sees."""
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -13,7 +14,7 @@ from broker.offload import events as wire
 from broker.offload.embedded import EmbeddedCore
 from broker.offload.link import DOWN, TIMEOUT, Unanswered
 from broker.offload.settings import SettingsError, load_settings
-from broker.offload.sidecar import Names, SidecarDecider
+from broker.offload.sidecar import Names, SidecarDecider, dp_rank, resolve
 from broker.offload.translate import Translator
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -232,3 +233,27 @@ def test_sidecar_settings() -> None:
         load_settings({"kvbroker_mode": "sidecar", "kvbroker_broker": "b:1", "kvbroker_deadline_ms": 0}, environ={})
     with pytest.raises(SettingsError, match="kvbroker_fallback_policy"):
         load_settings({"kvbroker_mode": "sidecar", "kvbroker_broker": "b:1", "kvbroker_fallback_policy": "nope"}, environ={})
+
+
+class _Parallel:
+    data_parallel_index = 3
+
+
+class _Config:
+    parallel = _Parallel()
+
+
+class _Spec:
+    """Where vLLM's offloading spec stands: it builds the manager, which builds the policy."""
+
+    config = _Config()
+
+    def build(self) -> int:
+        return dp_rank()
+
+
+def test_the_data_parallel_rank_comes_from_the_spec_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _Spec().build() == 3
+    monkeypatch.setenv("VLLM_DP_RANK", "2")
+    assert dp_rank() == 2
+    assert resolve("vllm-dp{dp_rank}/{pid}", 5) == f"vllm-dp5/{os.getpid()}"
