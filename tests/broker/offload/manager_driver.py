@@ -92,12 +92,16 @@ def random_stream(
     active: list[Request] = []
     fresh = 10_000_000
     n_req = 0
+    resetting = False
     for step in range(steps):
-        if reset_every and step % reset_every == reset_every - 1 and not active:
+        if reset_every and step % reset_every == reset_every - 1:
+            resetting = True  # no new request until the ones in flight are done (vLLM resets an idle cache)
+        if resetting and not active:
             manager.reset_cache()
             trace.append(("reset",))
+            resetting = False
             continue
-        if len(active) < concurrency and (not active or rng.random() < 0.3):
+        if not resetting and len(active) < concurrency and (not active or rng.random() < 0.3):
             n_req += 1
             req_rng = random.Random(rng.getrandbits(64))
             doc = req_rng.randrange(docs)
