@@ -64,6 +64,8 @@ COOLDOWN = "cooldown"  # the broker timed out repeatedly: not asked for a while
 REASONS = (DOWN, TIMEOUT, LOST, FAILED, REFUSED, INVALID, COOLDOWN)
 
 _EVICT = dpb.DIRECTIVE_KIND_EVICT
+# Calls batched by the translator before they are applied and forwarded (embedded: 4096).
+FORWARD_EVENTS = 64
 # The reason the core gives the victims of an EvictionRequested (Core.evict_chosen).
 _REQUESTED = "eviction requested"
 
@@ -190,9 +192,10 @@ class SidecarDecider:
         in time, else the embedded core's."""
         started = time.perf_counter()
         try:
-            self.settle()
-            # The broker (and the mirror) must have seen every call before deciding.
+            # The broker (and the mirror) must have seen every call before deciding; and the
+            # acks settle() sends must come after the calls they are measured against.
             self.translator.apply()
+            self.settle()
             self.counts["evictions_asked"] += 1
             chosen = self._ask_broker(count, protected, started)
             if isinstance(chosen, list):
@@ -248,6 +251,7 @@ class SidecarDecider:
     def _valid(self, victims: list[dpb.Directive], count: int, protected: list[str]) -> list[str] | None:
         """The local ids of exactly ``count`` distinct victims vLLM holds, none protected."""
         if len(victims) != count:
+            log.debug("kvbroker sidecar %s: the broker named %d victims for %d", self.link.client_id, len(victims), count)
             return None
         by_id = self.translator.by_id
         shielded = set(protected)
@@ -255,6 +259,8 @@ class SidecarDecider:
         for d in victims:
             block_id = self.names.local(d.block_id)
             if block_id is None or block_id not in by_id or block_id in shielded:
+                why = "protected or named twice" if block_id in shielded else "not held by vLLM"
+                log.debug("kvbroker sidecar %s: the broker named %s: %s", self.link.client_id, d.block_id, why)
                 return None
             shielded.add(block_id)  # a second copy is invalid too
             chosen.append(block_id)
@@ -276,7 +282,10 @@ class SidecarDecider:
 
     def settle(self) -> None:
         """Answer the directives that came outside an in-time answer, and restate the tier
-        when the broker's view lost something. O(directives waiting); nothing when none."""
+        when the broker's view lost something. O(directives waiting); nothing when none.
+
+        Call it after ``translator.apply()``: an ack says where a chunk is after every call
+        vLLM made so far, so those calls must reach the broker first."""
         if self.link.directives:
             self._settle_directives()
         # Restated once the broker is there to take it (during an outage the flag waits).
@@ -401,6 +410,9 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     rank = dp_rank()
     client_id = resolve(settings.client_id, rank)
     tier = resolve(settings.broker_tier, rank)
+    # The calls reach the broker in small batches as they come, not all at the next evict:
+    # an EvictionRequested is answered after everything sent before it is applied.
+    translator.flush_events = FORWARD_EVENTS
     link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=ClientSecurity.from_env())
     decider = SidecarDecider(link, translator, local, Names(client_id + "/", tier), deadline_s=settings.deadline_ms / 1000.0)
     log.info(
