@@ -185,9 +185,8 @@ def main() -> None:
             proc.send_signal(signal.SIGCONT)
             proc.terminate()
             proc.wait(20)
-    print(
-        f"kvbroker sidecar: bound {args.deadline_ms} ms, {args.chunks} chunks, broker {args.policy}, fallback lru; load {os.getloadavg()[0]:.1f}"
-    )
+    load = os.getloadavg()[0]
+    print(f"kvbroker sidecar: bound {args.deadline_ms} ms, {args.chunks} chunks, broker {args.policy}, fallback lru; load {load:.1f}")
     header = ["phase", "evicts", "p50_us", "p99_us", "max_us", "broker", "fallback", "why", "other_call_us"]
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in header]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
