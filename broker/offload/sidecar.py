@@ -37,6 +37,7 @@ there, so a chunk's id is ``<client_id>/<OffloadKey hex>`` and its tier ``broker
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -174,6 +175,7 @@ class SidecarDecider:
         self._timeouts = 0
         self._cool_until = 0.0
         self._last_log = time.monotonic()
+        self._closed = False
         local.listeners.append(self.forward)
         # A fresh CPU tier: what the broker holds for this client id (a previous run's) goes.
         link.send([pb.Event(ts_us=now_us(), cleared=pb.AllBlocksCleared())])
@@ -364,6 +366,11 @@ class SidecarDecider:
         )
 
     def close(self) -> None:
+        """Forward what is held back, log the counters, close the link (idempotent; also
+        at interpreter exit: vLLM does not close its policy)."""
+        if self._closed:
+            return
+        self._closed = True
         self.flush()
         log.info("%s", self.summary())
         self.link.close()
@@ -415,6 +422,7 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     translator.flush_events = FORWARD_EVENTS
     link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=ClientSecurity.from_env())
     decider = SidecarDecider(link, translator, local, Names(client_id + "/", tier), deadline_s=settings.deadline_ms / 1000.0)
+    atexit.register(decider.close)
     log.info(
         "kvbroker sidecar %s: broker %s, tier %r, bound %.1f ms, fallback policy %s",
         client_id,
