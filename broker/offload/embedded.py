@@ -82,7 +82,8 @@ class JournalThread:
 
     def __init__(self, url: str, stream: str, flush_s: float) -> None:
         self.url = url
-        self._queue: collections.deque[JournalRecord | threading.Event] = collections.deque()
+        # Records, directives to encode as one (client id, batch seq, outcome), flush marks.
+        self._queue: collections.deque[JournalRecord | tuple[str, int, BatchOutcome] | threading.Event] = collections.deque()
         self._flush_s = flush_s
         self._stop = False
         self._ready = threading.Event()
@@ -95,7 +96,8 @@ class JournalThread:
             raise self._error
         atexit.register(self.close)
 
-    def append(self, record: JournalRecord) -> None:
+    def append(self, record: JournalRecord | tuple[str, int, BatchOutcome]) -> None:
+        """Queue a record, or a batch's directives as (client id, batch seq, outcome)."""
         self._queue.append(record)
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -146,6 +148,8 @@ class JournalThread:
             item = queue.popleft()
             if isinstance(item, threading.Event):
                 waiting.append(item)
+            elif isinstance(item, tuple):
+                journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, 1, directives_payload(*item)))
             else:
                 journal.append(item)
         if waiting or journal.pending:
@@ -190,7 +194,8 @@ class EmbeddedCore:
         if journal is not None:
             journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, 1, raw))
             if outcome.directives:
-                journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, 1, directives_payload(self.client_id, self.seq, outcome)))
+                # Encoded by the journal thread, off vLLM's path.
+                journal.append((self.client_id, self.seq, outcome))
         for listener in self.listeners:
             listener(raw)
         return outcome

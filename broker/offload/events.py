@@ -17,7 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from broker.model.wire import varint
+from broker.model.wire import varint as _varint
+
+# One-byte varints, made once: lengths and small numbers are most of what is written.
+_SMALL: Final = tuple(bytes((i,)) for i in range(128))
+
+
+def varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint."""
+    return _SMALL[value] if value < 128 else _varint(value)
+
 
 # Event fields: 1 ts_us (varint), then the oneof kind (length-delimited).
 _TS: Final = b"\x08"
@@ -33,13 +42,16 @@ _BATCH_EVENT: Final = b"\x1a"
 
 def string_field(tag: bytes, text: str) -> bytes:
     data = text.encode()
-    return tag + varint(len(data)) + data
+    n = len(data)
+    return tag + (_SMALL[n] if n < 128 else _varint(n)) + data
 
 
 def id_field(block_id: str) -> bytes:
     """A block id as field 1 of a message (MemoryIntent.block_id, IntentUpdated.block_id,
     and one entry of the repeated block_ids of BlocksAccessed / BlocksFreed)."""
-    return string_field(b"\x0a", block_id)
+    data = block_id.encode()
+    n = len(data)
+    return b"\x0a" + (_SMALL[n] if n < 128 else _varint(n)) + data
 
 
 def intent_fields(
@@ -98,7 +110,8 @@ def update_fields(
 
 def event(ts: bytes, kind: bytes, body: bytes) -> bytes:
     """One Event: ``ts`` is ``_TS + varint(ts_us)`` (shared by a batch's events)."""
-    return ts + kind + varint(len(body)) + body
+    n = len(body)
+    return ts + kind + (_SMALL[n] if n < 128 else _varint(n)) + body
 
 
 def timestamp(ts_us: int) -> bytes:
@@ -107,8 +120,10 @@ def timestamp(ts_us: int) -> bytes:
 
 def allocated(ts: bytes, id_bytes: bytes, intent_rest: bytes) -> bytes:
     intent = id_bytes + intent_rest
-    inner = b"\x0a" + varint(len(intent)) + intent  # BlockAllocated.intent
-    return event(ts, _ALLOCATED, inner)
+    n = len(intent)
+    inner = b"\x0a" + (_SMALL[n] if n < 128 else _varint(n)) + intent  # BlockAllocated.intent
+    n = len(inner)
+    return ts + _ALLOCATED + (_SMALL[n] if n < 128 else _varint(n)) + inner
 
 
 def accessed(ts: bytes, id_fields: Iterable[bytes]) -> bytes:
@@ -147,9 +162,12 @@ def batch_head(client_id: str, tenant: str = "") -> tuple[bytes, bytes]:
 def batch(head: tuple[bytes, bytes], seq: int, events: Iterable[bytes]) -> bytes:
     """A serialized IntentBatch of ``events`` (each an encoded Event)."""
     parts = [head[0], varint(seq)]
+    append = parts.append
+    small = _SMALL
     for ev in events:
-        parts.append(_BATCH_EVENT)
-        parts.append(varint(len(ev)))
-        parts.append(ev)
+        n = len(ev)
+        append(_BATCH_EVENT)
+        append(small[n] if n < 128 else _varint(n))
+        append(ev)
     parts.append(head[1])
     return b"".join(parts)

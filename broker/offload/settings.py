@@ -28,6 +28,8 @@ ENV_PREFIX: Final = "KVBROKER_VLLM_"
 MODES: Final = ("embedded", "sidecar")
 # The one tier of the embedded core: vLLM's CPU tier, one byte per chunk.
 TIER: Final = "cpu"
+# Directives the embedded core remembers for acknowledgements that never come.
+OUTSTANDING: Final = 1024
 
 
 class SettingsError(ValueError):
@@ -71,7 +73,10 @@ class OffloadSettings:
         )
         name = policy or self.policy
         params = self.policy_params if name == self.policy else {}
-        return CoreConfig(tiers=(tier,), policy=PolicyConfig(name, dict(params)), max_clock_skew_us=0)
+        # Nobody acknowledges the adapter's directives (vLLM carries them out as it gets
+        # them): remember few, not the broker's million.
+        policy_config = PolicyConfig(name, dict(params))
+        return CoreConfig(tiers=(tier,), policy=policy_config, max_clock_skew_us=0, max_outstanding_directives=OUTSTANDING)
 
     def resolved_journal(self) -> str:
         return self.journal.replace("{pid}", str(os.getpid()))

@@ -16,7 +16,9 @@ vLLM calls                        kvbroker events
                                   plus every chunk vLLM holds non-evictable), then ``freed`` of the
                                   victims (vLLM forgets them)
 ``clear()``                       ``cleared``
-``mark_evictable`` / ``mark_non_evictable``, ``on_store_miss``, ``on_request_access``, ``get``:
+``on_request_access(keys, req)``  ``accessed`` of the resident keys that have a token position, tail
+                                  first (vLLM's LRU ranks them with the request, tails first)
+``mark_evictable`` / ``mark_non_evictable``, ``on_store_miss``, ``get``:
                                   no event (non-evictable chunks travel as protected ids)
 ================================  ===================================================================
 
@@ -211,14 +213,20 @@ class Translator:
         return entry[0] if entry is not None else None
 
     def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
+        # The hot path (vLLM calls it once per chunk stored): written out.
         block_id = key.hex()
         field = events.id_field(block_id)
         self.entries[key] = (chunk, block_id, field)
         self.by_id[block_id] = key
         if chunk.ref_cnt != 0:
             self.held.add(key)
-        intent = self.request_intent(req_context)
-        self.record(events.allocated(self.timestamp(), field, intent.intent_rest))
+        state = req_context.get_state(RequestIntent)
+        if state is None or state.owner is not self or state.generation != self._generation:
+            state = self.request_intent(req_context)
+        buffer = self._buffer
+        buffer.append(events.allocated(self.timestamp(), field, state.intent_rest))
+        if len(buffer) >= FLUSH_EVENTS:
+            self.apply()
 
     def remove(self, key: Any) -> None:
         entry = self.entries.pop(key)
@@ -237,6 +245,23 @@ class Translator:
         req_context: Any,
     ) -> None:
         self._access(prefix_order(key_groups, req_context), req_context)
+
+    def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
+        """A request's first access of chunks, before it finishes. vLLM's LRU ranks those
+        that have a token position as recent as the request, tails before heads; the
+        nearest kvbroker event is an access of the resident ones, tail first. Keys without
+        a position are left alone (vLLM's LRU leaves them too)."""
+        position = getattr(req_context, "get_offload_key_position", None)
+        if position is None:
+            return
+        entries = self.entries
+        placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None]
+        if not placed:
+            return
+        placed.sort(key=lambda p: -p[0])
+        ordered = [key for _, key in placed]
+        ordered.reverse()  # _access reads the last first
+        self._access(ordered, req_context)
 
     def _access(self, keys: list[Any], req_context: Any) -> None:
         """An access of ``keys`` (head first): the last is read first, so the first ends

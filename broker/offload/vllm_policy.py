@@ -130,8 +130,7 @@ class KvbrokerCachePolicy(CachePolicy):
 
     @override
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # The access is committed at on_request_finished (as vLLM's own policies do).
-        return
+        self.translator.on_request_access(keys, req_context)
 
     @override
     def on_request_finished(

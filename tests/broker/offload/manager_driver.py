@@ -182,8 +182,11 @@ def mooncake_requests(limit: int | None = None) -> Iterator[list[int]]:
             yield json.loads(line)["hash_ids"]
 
 
-def mooncake(manager: CPUOffloadingManager, requests: list[list[int]], *, positions: bool = True) -> tuple[int, int]:
-    """Run the trace's requests one after another: (chunks hit, chunks asked)."""
+def mooncake(
+    manager: CPUOffloadingManager, requests: list[list[int]], *, positions: bool = True, evictions: list[Any] | None = None
+) -> tuple[int, int]:
+    """Run the trace's requests one after another: (chunks hit, chunks asked). Each
+    store's evicted keys go to ``evictions`` when given."""
     hit = asked = 0
     for n, hash_ids in enumerate(requests):
         ctx = ReqContext(req_id=f"m{n}")
@@ -203,6 +206,8 @@ def mooncake(manager: CPUOffloadingManager, requests: list[list[int]], *, positi
         misses = keys[len(hits) :]
         if misses:
             out = manager.prepare_store(misses, ctx)
+            if evictions is not None:
+                evictions.append(None if out is None else list(out.evicted_keys))
             if out is not None and out.keys_to_store:
                 manager.complete_store(out.keys_to_store, ctx)
         manager.on_request_finished(ctx)

@@ -1,0 +1,119 @@
+"""The Mooncake trace through vLLM's real CPUOffloadingManager: hit ratios of vLLM's own
+lru and arc and of kvbroker's policies through the adapter (broker/offload), at three CPU
+tier sizes, and the cost per policy call of the adapter against vLLM's LRU.
+
+Needs vLLM (``pip install 'kvbroker[vllm]'``)::
+
+    python bench/vllm_offload.py                      # the whole trace, three sizes
+    python bench/vllm_offload.py --requests 1000 --sizes 0.02,0.05 --policies lru,arc
+
+Each request of tests/data/mooncake/synthetic_trace.jsonl (3,993 requests, 512-token
+chunks given by prefix-chained hashes) is run as vLLM's scheduler runs it
+(tests/broker/offload/manager_driver.py): look up its chunks in order until a miss, load
+the hits, store the misses (the manager evicts through the policy), finish the request
+(token positions set, as vLLM's scheduler sets them). The hit ratio is chunks hit over
+chunks asked. Sizes are fractions of the trace's distinct chunks.
+
+Cost: every policy call the manager makes is timed (perf_counter_ns around it, less the
+timer's own cost), for vLLM's LRU and for the adapter running kvbroker's lru (no journal,
+and with a file journal), over the trace at the middle size; the median of ``--repeat``
+alternating runs is printed with its ratio to vLLM's LRU (target: at most 2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.broker.offload.manager_driver import (  # noqa: E402
+    TimedPolicy,
+    kvbroker_manager,
+    mooncake,
+    mooncake_requests,
+    vllm_manager,
+)
+
+KVBROKER_POLICIES = "lru,arc,s3fifo,prefix_aware,adaptive,sieve,priority_lru"
+
+
+def hit_ratio(manager: Any, requests: list[list[int]], evictions: list[Any] | None = None) -> float:
+    hit, asked = mooncake(manager, requests, evictions=evictions)
+    return hit / asked
+
+
+def cost(make: Any, requests: list[list[int]]) -> tuple[float, int]:
+    manager = make()
+    timed = TimedPolicy(manager)
+    mooncake(manager, requests)
+    close = getattr(timed.inner, "close", None)
+    if close is not None:
+        close()
+    return timed.us_per_call(), timed.calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=None, help="the first N requests of the trace (default: all)")
+    parser.add_argument("--sizes", default="0.02,0.05,0.15", help="CPU tier sizes, as fractions of the trace's distinct chunks")
+    parser.add_argument("--policies", default=KVBROKER_POLICIES, help="kvbroker policies to run through the adapter")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each cost measurement (the median is printed)")
+    args = parser.parse_args()
+
+    requests = list(mooncake_requests(args.requests))
+    distinct = len({h for r in requests for h in r})
+    asked = sum(len(r) for r in requests)
+    sizes = [max(1, int(float(f) * distinct)) for f in args.sizes.split(",")]
+    policies = [p for p in args.policies.split(",") if p]
+    print(f"Mooncake synthetic trace: {len(requests)} requests, {asked} chunks asked, {distinct} distinct chunks")
+    print("hit ratio (chunks hit / chunks asked) through vLLM 0.33.0's CPUOffloadingManager")
+    columns = ["vllm:lru", "vllm:arc", *(f"kvbroker:{p}" for p in policies)]
+    print(f"{'CPU tier (chunks)':>18}  " + "  ".join(f"{c:>18}" for c in columns))
+    same: list[str] = []
+    for size in sizes:
+        theirs: list[Any] = []
+        ours: list[Any] = []
+        row = [hit_ratio(vllm_manager("lru", size), requests, theirs), hit_ratio(vllm_manager("arc", size), requests)]
+        for p in policies:
+            row.append(hit_ratio(kvbroker_manager(p, size), requests, ours if p == "lru" else None))
+        print(f"{size:>18}  " + "  ".join(f"{r:>18.4f}" for r in row), flush=True)
+        if "lru" in policies:
+            same.append(f"{size}: {'identical' if ours == theirs else 'DIFFERENT'} ({sum(len(e or ()) for e in theirs)} evictions)")
+    if same:
+        print("kvbroker lru's evictions against vLLM lru's, store by store: " + "; ".join(same))
+
+    size = sizes[len(sizes) // 2]
+    with tempfile.TemporaryDirectory() as tmp:
+        makers = {
+            "vLLM lru": lambda: vllm_manager("lru", size),
+            "adapter, kvbroker lru, no journal": lambda: kvbroker_manager("lru", size),
+            "adapter, kvbroker lru, file journal": lambda: kvbroker_manager(
+                "lru", size, journal=f"file://{tmp}/j-{time.time_ns()}.journal"
+            ),
+        }
+        runs: dict[str, list[float]] = {name: [] for name in makers}
+        calls: dict[str, int] = {}
+        for _ in range(args.repeat):
+            for name, make in makers.items():
+                us, n = cost(make, requests)
+                runs[name].append(us)
+                calls[name] = n
+    base = statistics.median(runs["vLLM lru"])
+    print(f"\ncost per policy call at {size} chunks (median of {args.repeat} alternating runs; perf_counter_ns around each call)")
+    for name, values in runs.items():
+        us = statistics.median(values)
+        each = ", ".join(f"{v:.3f}" for v in values)
+        print(f"  {name:<38} {us:7.3f} us/call  {us / base:5.2f}x vLLM lru   ({calls[name]} calls; runs: {each})")
+    print("  target: the adapter at most 2.00x vLLM's lru per call")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
