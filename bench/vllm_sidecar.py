@@ -165,6 +165,11 @@ def main() -> None:
         while len(translator.entries) < args.chunks:  # fill the tier first
             driver.store()
         decider.flush()
+        # Warm up (not counted): the broker takes the fill, answers a first eviction.
+        deadline = time.monotonic() + 5
+        while decider.counts["broker_decisions"] == 0 and time.monotonic() < deadline:
+            driver.store()
+            time.sleep(0.001)
         driver.phase("up", args.stores, rows)
         proc.send_signal(signal.SIGSTOP)
         driver.phase("hung (SIGSTOP)", args.stores, rows)

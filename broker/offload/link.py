@@ -9,11 +9,12 @@ in a daemon thread of its own; the scheduler thread only appends to a hand-off q
   thread calls, in its place in the order, for the events to send (parsing and rewriting
   a batch, building thousands of events, off the scheduler's thread).
 - ``ask(events, timeout)`` queues events whose last one wants an answer (an
-  EvictionRequested) and waits for the answer to the batch that carries it, at most
-  ``timeout`` seconds. It returns the DirectiveBatch, or an ``Unanswered`` saying why not:
-  ``down`` (no stream: it does not wait at all), ``timeout``, ``lost`` (the broker applied
-  the batch but its answer went with a broken stream) or ``failed`` (the broker refused
-  this client for good, or a batch of ours).
+  EvictionRequested) and waits for the answer to the batch that carries it (sealed right
+  after them), at most ``timeout`` seconds. It returns the
+  DirectiveBatch, or an ``Unanswered`` saying why not: ``down`` (no stream: it sends
+  nothing and does not wait), ``timeout``, ``lost`` (the broker applied the batch but its
+  answer went with a broken stream) or ``failed`` (the broker refused this client for
+  good, or a batch of ours).
 - Every directive the broker sends, answered in time or not, also lands in ``directives``
   (a deque the scheduler thread drains): late answers are how the caller puts the broker's
   view back in line with what vLLM did.
@@ -157,11 +158,11 @@ class BrokerLink:
     def ask(self, events: Sequence[pb.Event], timeout: float) -> dpb.DirectiveBatch | Unanswered:
         """Queue ``events`` and wait at most ``timeout`` seconds for the answer to the batch
         that carries the last of them. Without a stream it does not wait: DOWN."""
+        # Not sent at all then: a request resent after a reconnect would be answered long
+        # after the caller decided without it.
         if self._client.failed is not None:
-            self._put(events, None)
             return Unanswered(FAILED, str(self._client.failed))
         if not self._client.connected:
-            self._put(events, None)
             return Unanswered(DOWN, "no stream to the broker")
         ask = _Ask(timeout)
         self._put(events, ask)
@@ -266,12 +267,17 @@ class BrokerLink:
                 self._queue.clear()
             for item in items:
                 if isinstance(item, _Ask):
-                    task = asyncio.get_running_loop().create_task(self._answer(item))
+                    loop = asyncio.get_running_loop()
+                    flushing = loop.create_task(self._client.flush())
+                    # The flush's first step seals the open batch, which ends with the asking
+                    # event, before anything more is added: it runs before this task resumes
+                    # (ready callbacks run in order). Not wrapped (wait_for would make it a
+                    # task of its own, a step later: a slow pump then put the next asker's
+                    # events in the same batch).
+                    await asyncio.sleep(0)
+                    task = loop.create_task(self._answer(item, flushing))
                     asks.add(task)
                     task.add_done_callback(asks.discard)
-                    # Let the task seal the open batch now, so that it ends with the asking
-                    # event (a task's first step runs before this one resumes: FIFO).
-                    await asyncio.sleep(0)
                     continue
                 if isinstance(item, pb.Event):
                     await self._add(item)
@@ -300,16 +306,21 @@ class BrokerLink:
         except BrokerError as exc:  # refused for good: nothing more goes out
             log.debug("link %s: event not sent: %s", self.client_id, exc)
 
-    async def _answer(self, ask: _Ask) -> None:
-        """Seal the open batch (it ends with the asking event) and wait for its answer. One
-        that comes after the asker gave up is counted late (its directives, like every
-        directive, go to ``directives``); after LATE_S it is not waited for any more."""
-        try:
-            result: Any = await asyncio.wait_for(self._client.flush(), ask.timeout + LATE_S)
-        except TimeoutError:
+    async def _answer(self, ask: _Ask, flushing: asyncio.Task[dpb.DirectiveBatch | None]) -> None:
+        """Wait for the answer to the batch ``flushing`` sealed. One that comes after the
+        asker gave up is counted late (its directives, like every directive, go to
+        ``directives``); after LATE_S it is not waited for any more."""
+        done, _ = await asyncio.wait({flushing}, timeout=ask.timeout + LATE_S)
+        result: Any
+        if not done:
+            flushing.cancel()
             result = Unanswered(TIMEOUT, "no answer in time")
-        except BrokerError as exc:
-            result = Unanswered(FAILED, str(exc))
+        elif isinstance(flushing.exception(), BrokerError):
+            result = Unanswered(FAILED, str(flushing.exception()))
+        elif flushing.exception() is not None:
+            result = Unanswered(FAILED, repr(flushing.exception()))
+        else:
+            result = flushing.result()
         if result is None:
             result = Unanswered(LOST, "the batch was dropped before the broker answered")
         elif isinstance(result, dpb.DirectiveBatch) and result.duplicate:

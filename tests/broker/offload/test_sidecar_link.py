@@ -75,7 +75,7 @@ def test_ask_answers_in_time_then_says_down_at_once_then_serves_again(tmp_path: 
         while link.connected and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not link.connected
-        # Down: no wait at all, the events are kept for the resend.
+        # Down: no wait at all, and the request is not sent (it would be answered too late).
         started = time.perf_counter()
         down = link.ask([accessed_event(["b2"], 10)], timeout=5.0)
         assert isinstance(down, Unanswered) and down.reason == DOWN
