@@ -116,3 +116,24 @@ def test_ask_times_out_within_its_bound_when_the_broker_does_not_answer(tmp_path
         proc.send_signal(signal.SIGCONT)
         link.close()
         stop(proc)
+
+
+def test_each_asking_event_ends_a_batch_of_its_own_even_when_the_asker_gave_up(tmp_path: Path) -> None:
+    proc, port = serve(tmp_path)
+    link = BrokerLink(f"127.0.0.1:{port}", "dp0")
+    try:
+        assert link.wait_connected(10)
+        link.send([allocated_event(f"b{i}", 1, i, tier="cpu") for i in range(4)])
+        assert isinstance(link.ask([accessed_event(["b0"], 5)], timeout=5.0), dpb.DirectiveBatch)
+        for round_ in range(20):
+            # The first asker gives up at once, before the link's thread has taken its event;
+            # the second one's answer must still be for its own event alone, not for a batch
+            # that also carries the first's.
+            first = link.ask([accessed_event(["b1"], 6)], timeout=0.0)
+            assert isinstance(first, Unanswered) and first.reason == TIMEOUT
+            second = link.ask([accessed_event(["b2"], 7)], timeout=5.0)
+            assert isinstance(second, dpb.DirectiveBatch), second
+            assert second.accepted_events == 1, (round_, second)
+    finally:
+        link.close()
+        stop(proc)
