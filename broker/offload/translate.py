@@ -50,9 +50,11 @@ from clients.kv_hints import IntentHint, parse_intent
 
 log = logging.getLogger("kvbroker.offload")
 
-# Buffered events applied as a batch at once when this many wait (bounds memory and how
-# far the journal lags behind vLLM between decisions).
+# Buffered events are applied as a batch at once when this many wait, or when the oldest
+# waited this long (bounds memory, and how far the journal lags behind vLLM while it stores
+# without evicting).
 FLUSH_EVENTS: Final = 4096
+FLUSH_MS: Final = 1000
 
 
 class Decider(Protocol):
@@ -129,6 +131,7 @@ class Translator:
         self.flush_events = FLUSH_EVENTS
         self._ts_ms = -1
         self._ts = b""
+        self._applied_ms = -1
         self._generation = 0
         self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
         self._plain_intent = events.intent_fields("", tenant=tenant)
@@ -139,6 +142,8 @@ class Translator:
         """The encoded ts_us of an event now (wall clock, whole milliseconds)."""
         ms = time.time_ns() // 1_000_000
         if ms != self._ts_ms:
+            if self._buffer and ms - self._applied_ms >= FLUSH_MS:
+                self.apply()  # what waited a second goes in (before the caller's event)
             self._ts_ms = ms
             self._ts = events.timestamp(ms * 1000)
         return self._ts
@@ -158,6 +163,7 @@ class Translator:
         if not evs:
             return None
         self._buffer = []
+        self._applied_ms = self._ts_ms
         self.stats.batches += 1
         self.stats.events += len(evs)
         return self.local.apply(evs)
@@ -223,8 +229,9 @@ class Translator:
         state = req_context.get_state(RequestIntent)
         if state is None or state.owner is not self or state.generation != self._generation:
             state = self.request_intent(req_context)
-        buffer = self._buffer
-        buffer.append(events.allocated(self.timestamp(), field, state.intent_rest))
+        event = events.allocated(self.timestamp(), field, state.intent_rest)
+        buffer = self._buffer  # after timestamp(), which may have applied (and replaced) it
+        buffer.append(event)
         if len(buffer) >= FLUSH_EVENTS:
             self.apply()
 

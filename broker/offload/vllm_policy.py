@@ -23,6 +23,7 @@ another policy on the same traffic.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,7 +38,8 @@ from broker.offload.embedded import EmbeddedCore
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
 from broker.offload.translate import Decider, Translator
 
-log = logging.getLogger("kvbroker.offload")
+# Under vLLM's logger, so that vLLM's logging configuration shows it.
+log = logging.getLogger("vllm.kvbroker")
 
 # How far up the stack the offloading spec is looked for (policy <- manager <- spec).
 _STACK_DEPTH = 12
@@ -98,6 +100,9 @@ class KvbrokerCachePolicy(CachePolicy):
         self.mark_evictable = translator.mark_evictable  # type: ignore[method-assign]
         self.mark_non_evictable = translator.mark_non_evictable  # type: ignore[method-assign]
         self.evict = translator.evict  # type: ignore[method-assign]
+        # At exit, what is buffered goes to the core and the journal (atexit runs this
+        # before the journal thread's own close, registered earlier).
+        atexit.register(self.close)
         log.info(
             "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s",
             self.settings.policy,
@@ -164,8 +169,10 @@ class KvbrokerCachePolicy(CachePolicy):
         self.translator.flush()
 
     def close(self) -> None:
-        self.translator.flush()
+        """Apply what is buffered, write the journal, stop its thread (idempotent); in
+        sidecar mode also forward what is held back and close the link to the broker."""
+        self.translator.apply()
         close_decider = getattr(self.translator.decider, "close", None)
-        if close_decider is not None:  # sidecar mode: the link to the broker
+        if close_decider is not None:
             close_decider()
         self.local.close()

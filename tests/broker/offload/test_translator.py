@@ -12,14 +12,17 @@ test_vllm_manager.py (marker ``vllm``).
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.journal import JournalSource
 from broker.model.core import Directive
+from broker.offload import translate
 from broker.offload.embedded import EmbeddedCore
 from broker.offload.settings import load_settings
 from broker.offload.translate import Translator
@@ -104,6 +107,7 @@ def drive(t: Translator, rng: random.Random, steps: int, capacity: int) -> list[
         assert {x for x in chunks if t.get(x) is not chunks[x]} == set()
     assert resident(t) == {x.hex() for x in chunks}
     assert t.local.core.stats.evictions == t.stats.chunks_evicted  # the core evicted nothing on its own
+    assert t.local.rejected == t.stats.evictions_refused  # and refused no event but those
     return evictions
 
 
@@ -114,6 +118,17 @@ def drive(t: Translator, rng: random.Random, steps: int, capacity: int) -> list[
 )
 def test_contract_under_a_random_stream(policy: str, seed: int) -> None:
     drive(translator(policy, 12), random.Random(seed), 300, 12)
+
+
+@pytest.mark.parametrize("step_ms", [0, 1, 300, 2000])
+def test_contract_whatever_the_clock_does_to_batching(step_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffered events are applied once per decision, or when they waited FLUSH_MS: with a
+    clock that moves ``step_ms`` per call, batches are cut anywhere; nothing is lost."""
+    ticks = itertools.count()
+    monkeypatch.setattr(translate.time, "time_ns", lambda: next(ticks) * step_ms * 1_000_000)
+    for policy in ("arc", "lru", "s3fifo"):
+        for seed in range(5):
+            drive(translator(policy, 12), random.Random(seed), 300, 12)
 
 
 def test_a_hinted_request_keeps_its_chunks_over_hintless_ones_under_priority_lru() -> None:

@@ -67,6 +67,19 @@ def test_kvbroker_lru_evicts_exactly_what_vllm_lru_evicts(seed: int) -> None:
         assert ("reset",) in ours
 
 
+def test_on_the_mooncake_trace_with_token_positions_lru_evicts_what_vllm_lru_evicts() -> None:
+    """Requests one after another, token positions set as vLLM's scheduler sets them: the
+    two LRU definitions agree there (bench/vllm_offload.py runs the whole trace)."""
+    requests = list(driver().mooncake_requests(1500))
+    for size in (300, 1200):
+        theirs: list[Any] = []
+        ours: list[Any] = []
+        a = driver().mooncake(driver().vllm_manager("lru", size), requests, evictions=theirs)
+        b = driver().mooncake(driver().kvbroker_manager("lru", size), requests, evictions=ours)
+        assert a == b and ours == theirs
+        assert sum(len(e or ()) for e in ours) > 1000 and a[0] > 0
+
+
 @pytest.mark.parametrize(("policy", "positions"), [("lru", True), ("arc", False), ("arc", True)])
 def test_where_the_definitions_differ_the_traces_agree_until_an_eviction_differs(policy: str, positions: bool) -> None:
     theirs = driver().random_stream(driver().vllm_manager(policy, 40), 1, 20_000, positions=positions, docs=12)
