@@ -197,7 +197,7 @@ def main() -> None:
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     for row in rows:
         print("  ".join(str(row[h]).ljust(w) for h, w in zip(header, widths, strict=True)))
-    print(json.dumps({"late_answers": decider.link.counters()["late_answers"], "resyncs": decider.counts["resyncs"]}))
+    print(decider.summary())  # the line the sidecar logs every 60 s and at exit
 
 
 if __name__ == "__main__":
