@@ -13,6 +13,7 @@ touch, evict before a store into a full tier), with the sidecar decider in its s
 from __future__ import annotations
 
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -40,8 +41,11 @@ pytestmark = pytest.mark.e2e
 
 CHUNKS = 32
 DEADLINE_MS = 5.0
-# What a loaded 2-core CI box may add to a bound of a few ms (thread wake-ups, GC).
-MARGIN_S = 0.25
+# What a loaded 2-core CI box may add to a bound of a few ms (a process waiting for a CPU:
+# up to 140 ms seen with the broker down, when an evict waits for nothing). Far below what
+# a wait on the network would cost (a connect attempt: 2 s); the median is held tighter.
+MARGIN_S = 1.0
+MEDIAN_MARGIN_S = 0.05
 CLIENT = "vllm-dp0"
 TIER = "cpu0"
 
@@ -208,6 +212,7 @@ def test_broker_decides_then_the_fallback_holds_the_bound_through_a_kill_then_th
         for i in range(400, 800):
             engine.store(i)
         assert engine.evict_times and max(engine.evict_times) < DEADLINE_MS / 1000 + MARGIN_S, max(engine.evict_times)
+        assert statistics.median(engine.evict_times) < DEADLINE_MS / 1000 + MEDIAN_MARGIN_S
         counts = decider.counters()
         assert counts["fallback_decisions"] >= 50, counts
         assert counts["fallback_down"] + counts["fallback_timeout"] + counts["fallback_cooldown"] == counts["fallback_decisions"], counts
@@ -252,6 +257,7 @@ def test_a_hung_broker_costs_the_bound_then_its_late_answers_are_put_right(tmp_p
     # vLLM kept, and the broker must put it back.
     proc, port = serve(tmp_path, "fifo")
     translator, decider = sidecar(port, "lru")
+    decider.cooldown_s = 60.0  # once rested, the broker is not asked again in this test
     engine = Engine(translator)
     order: list[bytes] = []  # keys in the order they were stored
 
@@ -282,6 +288,7 @@ def test_a_hung_broker_costs_the_bound_then_its_late_answers_are_put_right(tmp_p
         for i in range(CHUNKS + 20, CHUNKS + 60):
             step(i)
         assert max(engine.evict_times) < DEADLINE_MS / 1000 + MARGIN_S, max(engine.evict_times)
+        assert statistics.median(engine.evict_times) < DEADLINE_MS / 1000 + MEDIAN_MARGIN_S
         counts = decider.counters()
         assert counts["fallback_timeout"] == 3 and counts["fallback_cooldown"] == 37, counts
         proc.send_signal(signal.SIGCONT)

@@ -130,7 +130,8 @@ def test_each_asking_event_ends_a_batch_of_its_own_even_when_the_asker_gave_up(t
             # the second one's answer must still be for its own event alone, not for a batch
             # that also carries the first's.
             first = link.ask([accessed_event(["b1"], 6)], timeout=0.0)
-            assert isinstance(first, Unanswered) and first.reason == TIMEOUT
+            # (Rarely the answer is in before the asker looks again: then it takes it.)
+            assert isinstance(first, dpb.DirectiveBatch) or first.reason == TIMEOUT
             second = link.ask([accessed_event(["b2"], 7)], timeout=5.0)
             assert isinstance(second, dpb.DirectiveBatch), second
             assert second.accepted_events == 1, (round_, second)
