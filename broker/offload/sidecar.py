@@ -41,6 +41,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -52,7 +53,9 @@ from broker.offload.latency import LatencyHistogram
 from broker.offload.link import DOWN, FAILED, LOST, TIMEOUT, BrokerLink, Unanswered
 from broker.offload.settings import OffloadSettings
 from broker.offload.translate import Translator
+from clients.admin import get_residency
 from clients.broker_client import ClientSecurity, acked_event
+from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -357,12 +360,15 @@ class SidecarDecider:
     def summary(self) -> str:
         c = self.counts
         s = self.evict_latency.summary()
-        late = self.link.counters()["late_answers"]
+        link = self.link.counters()
+        late = link["late_answers"]
+        rejected = link["client_rejected_events"]
         fallbacks = ", ".join(f"{r} {c['fallback_' + r]}" for r in REASONS if c["fallback_" + r]) or "none"
         return (
             f"kvbroker sidecar {self.link.client_id}: {c['evictions_asked']} evictions, {c['broker_decisions']} decided by the "
             f"broker, {c['fallback_decisions']} by the fallback ({fallbacks}), {late} late answers, "
             f"{c['resyncs']} restatements; evict call p50 {s['p50_us']:.0f} us, p99 {s['p99_us']:.0f} us, max {s['max_us']:.0f} us"
+            + (f"; {rejected} events rejected by the broker (see its log)" if rejected else "")
         )
 
     def close(self) -> None:
@@ -411,6 +417,44 @@ def resolve(template: str, rank: int) -> str:
     return template.replace("{pid}", str(os.getpid())).replace("{dp_rank}", str(rank))
 
 
+def tier_problem(tiers: Sequence[spb.TierUsage], tier: str, chunks: int) -> str | None:
+    """What is wrong with the broker's tier for this rank (GetResidency totals), or None."""
+    if not tiers:
+        return None  # a tenant token sees no broker-wide totals: nothing to check
+    found = next((t for t in tiers if t.name == tier), None) if tier else tiers[0]
+    if found is None:
+        names = ", ".join(t.name for t in tiers)
+        return (
+            f"the broker has no tier {tier!r} (its tiers: {names}): it refuses every chunk and every eviction request; "
+            "set kvbroker_broker_tier to one of them, or add the tier to the broker's config"
+        )
+    if found.capacity_bytes < chunks:
+        return (
+            f"the broker's tier {found.name!r} holds {found.capacity_bytes} bytes, vLLM's CPU tier {chunks} chunks of one byte: "
+            f"the broker would evict on its own; give the tier capacity = {chunks} and watermarks of 1.0"
+        )
+    return None
+
+
+def check_tier(link: BrokerLink, security: ClientSecurity, tier: str, chunks: int, wait_s: float = 60.0) -> None:
+    """Once connected, say in the log if the broker's tier for this rank cannot work (a
+    thread of its own: it waits for the broker, vLLM does not)."""
+
+    def run() -> None:
+        if not link.wait_connected(wait_s):
+            return
+        try:
+            totals = get_residency(link.target, spb.GetResidencyRequest(totals=True), security=security)
+        except Exception as exc:  # a check: never a reason to stop
+            log.debug("kvbroker sidecar %s: tier check skipped: %s", link.client_id, exc)
+            return
+        problem = tier_problem(totals.tiers, tier, chunks)
+        if problem:
+            log.error("kvbroker sidecar %s: %s", link.client_id, problem)
+
+    threading.Thread(target=run, name=f"kvbroker-tier-check-{link.client_id}", daemon=True).start()
+
+
 def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> SidecarDecider:
     """The sidecar decider of ``settings`` (kvbroker_broker, kvbroker_deadline_ms, ...): the
     link starts connecting in the background; vLLM does not wait for the broker."""
@@ -420,9 +464,11 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     # The calls reach the broker in small batches as they come, not all at the next evict:
     # an EvictionRequested is answered after everything sent before it is applied.
     translator.flush_events = FORWARD_EVENTS
-    link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=ClientSecurity.from_env())
+    security = ClientSecurity.from_env()
+    link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=security)
     decider = SidecarDecider(link, translator, local, Names(client_id + "/", tier), deadline_s=settings.deadline_ms / 1000.0)
     atexit.register(decider.close)
+    check_tier(link, security, tier, local.config.tiers[0].capacity_bytes)
     log.info(
         "kvbroker sidecar %s: broker %s, tier %r, bound %.1f ms, fallback policy %s",
         client_id,

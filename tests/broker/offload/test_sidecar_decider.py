@@ -165,7 +165,7 @@ def broker_holds(port: int, held: set[str], client: str = CLIENT, tier: str = TI
     return True
 
 
-def sidecar(port: int, fallback: str) -> tuple[Translator, SidecarDecider]:
+def sidecar(port: int, fallback: str, tier: str = "cpu{dp_rank}") -> tuple[Translator, SidecarDecider]:
     settings = load_settings(
         {
             "kvbroker_mode": "sidecar",
@@ -173,7 +173,7 @@ def sidecar(port: int, fallback: str) -> tuple[Translator, SidecarDecider]:
             "kvbroker_deadline_ms": DEADLINE_MS,
             "kvbroker_fallback_policy": fallback,
             "kvbroker_client_id": "vllm-dp{dp_rank}",
-            "kvbroker_broker_tier": "cpu{dp_rank}",
+            "kvbroker_broker_tier": tier,
         },
         environ={},
     )
@@ -365,4 +365,18 @@ def test_one_broker_serves_two_data_parallel_ranks(tmp_path: Path, monkeypatch: 
     finally:
         for _, _, decider in ranks:
             decider.close()
+        stop(proc)
+
+
+def test_a_tier_the_broker_does_not_have_is_said_in_the_log(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proc, port = serve(tmp_path, "lru")
+    _, decider = sidecar(port, "lru", tier="cpu9")
+    try:
+        deadline = time.monotonic() + 15
+        while not any("no tier 'cpu9'" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and "no tier 'cpu9'" in r.getMessage()]
+        assert errors and "cpu0, cpu1" in errors[0], [r.getMessage() for r in caplog.records]
+    finally:
+        decider.close()
         stop(proc)

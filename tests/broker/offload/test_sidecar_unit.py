@@ -14,8 +14,9 @@ from broker.offload import events as wire
 from broker.offload.embedded import EmbeddedCore
 from broker.offload.link import DOWN, TIMEOUT, Unanswered
 from broker.offload.settings import SettingsError, load_settings
-from broker.offload.sidecar import Names, SidecarDecider, dp_rank, resolve
+from broker.offload.sidecar import Names, SidecarDecider, dp_rank, resolve, tier_problem
 from broker.offload.translate import Translator
+from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from tests.broker.offload.test_sidecar_decider import Chunk, Request
@@ -56,7 +57,7 @@ class ScriptedLink:
         return resync
 
     def counters(self) -> dict[str, int]:
-        return {"late_answers": 0}
+        return {"late_answers": 0, "client_rejected_events": 0}
 
     def close(self) -> None:
         return
@@ -257,3 +258,14 @@ def test_the_data_parallel_rank_comes_from_the_spec_then_the_environment(monkeyp
     monkeypatch.setenv("VLLM_DP_RANK", "2")
     assert dp_rank() == 2
     assert resolve("vllm-dp{dp_rank}/{pid}", 5) == f"vllm-dp5/{os.getpid()}"
+
+
+def test_the_tier_check_names_what_cannot_work() -> None:
+    tiers = [spb.TierUsage(name="cpu0", capacity_bytes=4096), spb.TierUsage(name="cpu1", capacity_bytes=1024)]
+    assert tier_problem(tiers, "cpu0", 4096) is None
+    assert tier_problem(tiers, "", 4096) is None  # the top tier
+    missing = tier_problem(tiers, "cpu2", 4096)
+    assert missing is not None and "no tier 'cpu2'" in missing and "cpu0, cpu1" in missing
+    small = tier_problem(tiers, "cpu1", 4096)
+    assert small is not None and "capacity = 4096" in small
+    assert tier_problem([], "cpu0", 4096) is None  # a tenant token sees no totals
