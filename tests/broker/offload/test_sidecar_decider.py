@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +36,7 @@ from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
-from tests.broker.offload.test_sidecar_link import start_broker, stop
+from tests.broker.offload.test_sidecar_link import ROOT, start_broker, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -240,6 +241,7 @@ def test_broker_decides_then_the_fallback_holds_the_bound_through_a_kill_then_th
     finally:
         decider.close()
         stop(proc)
+    replay_verifies(tmp_path)  # across the kill and the restart
 
 
 def wait_until_broker_holds(port: int, translator: Translator, decider: SidecarDecider) -> None:
@@ -306,6 +308,20 @@ def test_a_hung_broker_costs_the_bound_then_its_late_answers_are_put_right(tmp_p
         proc.send_signal(signal.SIGCONT)
         decider.close()
         stop(proc)
+    # The broker's journal (late requests, FAILED acks, fallbacks' frees and all) replays to
+    # exactly the directives the broker sent.
+    replay_verifies(tmp_path)
+
+
+def replay_verifies(tmp_path: Path) -> None:
+    replay = subprocess.run(
+        [sys.executable, "-m", "broker.cli.main", "replay", "--journal", f"file://{tmp_path}/broker.journal", "--verify"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
 def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> None:
