@@ -27,7 +27,7 @@ Keeping the broker's view what vLLM really holds:
   bounds of a long outage, a broker that lost its journal): the tier is restated,
   AllBlocksCleared then every chunk vLLM holds, oldest stored first.
 
-That work runs on the scheduler thread at the start of the next call (the directives wait
+That work runs on the scheduler thread at the start of the next evict (the directives wait
 in a deque the link fills), so vLLM's state needs no lock.
 
 Names at the broker: one broker serves every data-parallel rank, and block ids are global
@@ -39,12 +39,8 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any
 
 from broker.offload import events as wire
@@ -52,10 +48,9 @@ from broker.offload.embedded import EmbeddedCore
 from broker.offload.latency import LatencyHistogram
 from broker.offload.link import DOWN, FAILED, LOST, TIMEOUT, BrokerLink, Unanswered
 from broker.offload.settings import OffloadSettings
+from broker.offload.sidecar_setup import check_tier, dp_rank, resolve
 from broker.offload.translate import Translator
-from clients.admin import get_residency
 from clients.broker_client import ClientSecurity, acked_event
-from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -380,79 +375,6 @@ class SidecarDecider:
         self.flush()
         log.info("%s", self.summary())
         self.link.close()
-
-
-# How far up the stack vLLM's offloading spec is looked for (make_decider <- policy <- manager <- spec).
-_STACK_DEPTH = 16
-
-
-def dp_rank() -> int:
-    """This engine's data-parallel rank: the offloading spec's (``config.parallel.
-    data_parallel_index``, found on the call stack: the spec builds the manager, which
-    builds the policy), else vLLM's current config, else VLLM_DP_RANK, else 0."""
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_STACK_DEPTH):
-        if frame is None:
-            break
-        parallel = getattr(getattr(frame.f_locals.get("self"), "config", None), "parallel", None)
-        index = getattr(parallel, "data_parallel_index", None)
-        if isinstance(index, int) and not isinstance(index, bool):
-            return index
-        frame = frame.f_back
-    try:
-        from vllm.config import get_current_vllm_config_or_none
-
-        config = get_current_vllm_config_or_none()
-        if config is not None:
-            return int(config.parallel_config.data_parallel_rank)
-    except Exception:  # no vLLM (tests), or no config being built
-        pass
-    try:
-        return int(os.environ.get("VLLM_DP_RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def resolve(template: str, rank: int) -> str:
-    return template.replace("{pid}", str(os.getpid())).replace("{dp_rank}", str(rank))
-
-
-def tier_problem(tiers: Sequence[spb.TierUsage], tier: str, chunks: int) -> str | None:
-    """What is wrong with the broker's tier for this rank (GetResidency totals), or None."""
-    if not tiers:
-        return None  # a tenant token sees no broker-wide totals: nothing to check
-    found = next((t for t in tiers if t.name == tier), None) if tier else tiers[0]
-    if found is None:
-        names = ", ".join(t.name for t in tiers)
-        return (
-            f"the broker has no tier {tier!r} (its tiers: {names}): it refuses every chunk and every eviction request; "
-            "set kvbroker_broker_tier to one of them, or add the tier to the broker's config"
-        )
-    if found.capacity_bytes < chunks:
-        return (
-            f"the broker's tier {found.name!r} holds {found.capacity_bytes} bytes, vLLM's CPU tier {chunks} chunks of one byte: "
-            f"the broker would evict on its own; give the tier capacity = {chunks} and watermarks of 1.0"
-        )
-    return None
-
-
-def check_tier(link: BrokerLink, security: ClientSecurity, tier: str, chunks: int, wait_s: float = 60.0) -> None:
-    """Once connected, say in the log if the broker's tier for this rank cannot work (a
-    thread of its own: it waits for the broker, vLLM does not)."""
-
-    def run() -> None:
-        if not link.wait_connected(wait_s):
-            return
-        try:
-            totals = get_residency(link.target, spb.GetResidencyRequest(totals=True), security=security)
-        except Exception as exc:  # a check: never a reason to stop
-            log.debug("kvbroker sidecar %s: tier check skipped: %s", link.client_id, exc)
-            return
-        problem = tier_problem(totals.tiers, tier, chunks)
-        if problem:
-            log.error("kvbroker sidecar %s: %s", link.client_id, problem)
-
-    threading.Thread(target=run, name=f"kvbroker-tier-check-{link.client_id}", daemon=True).start()
 
 
 def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> SidecarDecider:

@@ -14,7 +14,8 @@ from broker.offload import events as wire
 from broker.offload.embedded import EmbeddedCore
 from broker.offload.link import DOWN, TIMEOUT, Unanswered
 from broker.offload.settings import SettingsError, load_settings
-from broker.offload.sidecar import Names, SidecarDecider, dp_rank, resolve, tier_problem
+from broker.offload.sidecar import Names, SidecarDecider
+from broker.offload.sidecar_setup import dp_rank, resolve, tier_problem
 from broker.offload.translate import Translator
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
