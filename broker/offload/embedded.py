@@ -19,6 +19,7 @@ import atexit
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,8 @@ try:
 except ImportError:  # the pure Python build
     answer_native = None
 
-log = logging.getLogger("kvbroker.offload")
+# Under vLLM's logger (this room runs inside vLLM): vLLM's logging configuration shows it.
+log = logging.getLogger("vllm.kvbroker")
 
 # The schema major version written in journal records (kvbroker.v1).
 SCHEMA_MAJOR = 1
@@ -171,7 +173,10 @@ class EmbeddedCore:
         self.tier = TIER
         self.client_id = settings.resolved_client_id()
         self._head = events.batch_head(self.client_id)
-        self.seq = 0
+        # batch_seq starts at the wall clock in microseconds: an engine restarted on the same
+        # journal (same client id) goes on numbering above its last run, so replay takes its
+        # batches as new ones, not as duplicates.
+        self.seq = time.time_ns() // 1000
         self.rejected = 0
         self.listeners: list[Callable[[bytes], None]] = []
         url = settings.resolved_journal() if journal else "none"
@@ -179,6 +184,9 @@ class EmbeddedCore:
         if url != "none":
             stream = settings.journal_stream.replace("{client}", self.client_id)
             self.journal = JournalThread(url, stream, settings.journal_flush_ms / 1000.0)
+            # A start is an empty CPU tier: on a journal an earlier run of this engine wrote,
+            # that run's chunks go (before the config, which may size the tier anew).
+            self.apply([events.cleared(events.timestamp(time.time_ns() // 1000))])
             self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, 1, core_to_json(self.config).encode()))
 
     def apply(self, evs: list[bytes]) -> BatchOutcome:

@@ -46,13 +46,15 @@ class OffloadSettings:
     policy: str = "lru"
     policy_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Where decisions are journaled: none, file://PATH or redis://HOST:PORT/DB (also rediss://,
-    # unix://, redis+cluster://); "{pid}" is replaced by the process id (one writer per file).
+    # unix://, redis+cluster://); "{pid}" is replaced by the process id, "{rank}" by vLLM's
+    # data-parallel index of the engine (one writer per file).
     journal: str = "none"
     # Redis stream key of the journal; "{client}" is replaced by client_id.
     journal_stream: str = "kvbroker:{client}:journal"
     # How often the journal thread writes what was recorded (milliseconds).
     journal_flush_ms: float = 50.0
-    # The client id of this engine's batches ("{pid}" replaced); a data-parallel rank each its own.
+    # The client id of this engine's batches ("{pid}", "{rank}" replaced); a data-parallel
+    # rank each its own.
     client_id: str = "vllm"
     # The tenant the chunks belong to when a request's hint names none ("": none).
     tenant: str = ""
@@ -61,8 +63,8 @@ class OffloadSettings:
     deadline_ms: float = 5.0
     # Sidecar mode: the local policy used when the broker is slow or down ("" = ``policy``).
     fallback_policy: str = ""
-    # Sidecar mode: the broker's tier this rank's chunks live in ("" = the broker's top tier);
-    # "{dp_rank}" is replaced by the data-parallel rank (a tier per rank: broker/offload/sidecar.py).
+    # Sidecar mode: the broker's tier this rank's chunks live in ("" = the broker's top tier;
+    # "{rank}" replaced): a tier per data-parallel rank (broker/offload/sidecar.py).
     broker_tier: str = ""
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
@@ -78,11 +80,20 @@ class OffloadSettings:
         policy_config = PolicyConfig(name, dict(params))
         return CoreConfig(tiers=(tier,), policy=policy_config, max_clock_skew_us=0, max_outstanding_directives=OUTSTANDING)
 
+    # vLLM's data-parallel index of the engine ("{rank}"), when the policy could learn it.
+    rank: int = 0
+
+    def _placeholders(self, text: str) -> str:
+        return text.replace("{pid}", str(os.getpid())).replace("{rank}", str(self.rank))
+
     def resolved_journal(self) -> str:
-        return self.journal.replace("{pid}", str(os.getpid()))
+        return self._placeholders(self.journal)
 
     def resolved_client_id(self) -> str:
-        return self.client_id.replace("{pid}", str(os.getpid()))
+        return self._placeholders(self.client_id)
+
+    def resolved_broker_tier(self) -> str:
+        return self._placeholders(self.broker_tier)
 
 
 def _text(value: Any, where: str) -> str:
@@ -153,7 +164,7 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
 }
 
 
-def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None) -> OffloadSettings:
+def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None, *, rank: int = 0) -> OffloadSettings:
     """Settings from ``extra_config`` (vLLM's kv_connector_extra_config), the environment as
     the fallback, then the defaults. Raises SettingsError naming the first bad key."""
     extra = dict(extra_config or {})
@@ -169,7 +180,7 @@ def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, 
             values[name] = read(extra[key], f"kv_connector_extra_config.{key}")
         elif ENV_PREFIX + name.upper() in env:
             values[name] = read(env[ENV_PREFIX + name.upper()], ENV_PREFIX + name.upper())
-    settings = OffloadSettings(**values)
+    settings = OffloadSettings(**values, rank=rank)
     try:
         validate_policy(settings.core_config(1))
     except ConfigError as exc:

@@ -48,7 +48,7 @@ from broker.offload.embedded import EmbeddedCore
 from broker.offload.latency import LatencyHistogram
 from broker.offload.link import DOWN, FAILED, LOST, TIMEOUT, BrokerLink, Unanswered
 from broker.offload.settings import OffloadSettings
-from broker.offload.sidecar_setup import check_tier, dp_rank, resolve
+from broker.offload.sidecar_setup import check_tier
 from broker.offload.translate import Translator
 from clients.broker_client import ClientSecurity, acked_event
 from kvbroker.v1 import directive_pb2 as dpb
@@ -380,9 +380,8 @@ class SidecarDecider:
 def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> SidecarDecider:
     """The sidecar decider of ``settings`` (kvbroker_broker, kvbroker_deadline_ms, ...): the
     link starts connecting in the background; vLLM does not wait for the broker."""
-    rank = dp_rank()
-    client_id = resolve(settings.client_id, rank)
-    tier = resolve(settings.broker_tier, rank)
+    client_id = settings.resolved_client_id()
+    tier = settings.resolved_broker_tier()
     # The calls reach the broker in small batches as they come, not all at the next evict:
     # an EvictionRequested is answered after everything sent before it is applied.
     translator.flush_events = FORWARD_EVENTS

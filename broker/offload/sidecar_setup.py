@@ -1,14 +1,11 @@
-"""Where a sidecar rank stands: its data-parallel rank, the names it resolves, and a check
-of the broker's tier for it (a misconfiguration said in the log, never a reason to stop vLLM)."""
+"""A check of the broker's tier for a sidecar rank: a misconfiguration is said in the log,
+never a reason to stop vLLM."""
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
 
 from broker.offload.link import BrokerLink
 from clients.admin import get_residency
@@ -16,40 +13,6 @@ from clients.broker_client import ClientSecurity
 from kvbroker.v1 import broker_service_pb2 as spb
 
 log = logging.getLogger("kvbroker.offload.sidecar")
-
-# How far up the stack vLLM's offloading spec is looked for (make_decider <- policy <- manager <- spec).
-_STACK_DEPTH = 16
-
-
-def dp_rank() -> int:
-    """This engine's data-parallel rank: the offloading spec's (``config.parallel.
-    data_parallel_index``, found on the call stack: the spec builds the manager, which
-    builds the policy), else vLLM's current config, else VLLM_DP_RANK, else 0."""
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_STACK_DEPTH):
-        if frame is None:
-            break
-        parallel = getattr(getattr(frame.f_locals.get("self"), "config", None), "parallel", None)
-        index = getattr(parallel, "data_parallel_index", None)
-        if isinstance(index, int) and not isinstance(index, bool):
-            return index
-        frame = frame.f_back
-    try:
-        from vllm.config import get_current_vllm_config_or_none
-
-        config = get_current_vllm_config_or_none()
-        if config is not None:
-            return int(config.parallel_config.data_parallel_rank)
-    except Exception:  # no vLLM (tests), or no config being built
-        pass
-    try:
-        return int(os.environ.get("VLLM_DP_RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def resolve(template: str, rank: int) -> str:
-    return template.replace("{pid}", str(os.getpid())).replace("{dp_rank}", str(rank))
 
 
 def tier_problem(tiers: Sequence[spb.TierUsage], tier: str, chunks: int) -> str | None:

@@ -48,13 +48,16 @@ from broker.offload import events
 from broker.offload.embedded import EmbeddedCore
 from clients.kv_hints import IntentHint, parse_intent
 
-log = logging.getLogger("kvbroker.offload")
+# Under vLLM's logger (this room runs inside vLLM): vLLM's logging configuration shows it.
+log = logging.getLogger("vllm.kvbroker")
 
 # Buffered events are applied as a batch at once when this many wait, or when the oldest
 # waited this long (bounds memory, and how far the journal lags behind vLLM while it stores
 # without evicting).
 FLUSH_EVENTS: Final = 4096
 FLUSH_MS: Final = 1000
+# How often the counters are logged (INFO): an embedded engine has no `kvbroker status`.
+REPORT_MS: Final = 60_000
 
 
 class Decider(Protocol):
@@ -94,6 +97,8 @@ class TranslatorStats:
     evictions_refused: int = 0
     chunks_evicted: int = 0
     hinted_requests: int = 0
+    # Batches that raised in the core, decisions that failed or named impossible victims.
+    errors: int = 0
     # Hints ignored, by reason (a malformed kvbroker action in a request's kv_hints).
     hints_ignored: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -132,6 +137,7 @@ class Translator:
         self._ts_ms = -1
         self._ts = b""
         self._applied_ms = -1
+        self._report_ms = 0
         self._generation = 0
         self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
         self._plain_intent = events.intent_fields("", tenant=tenant)
@@ -144,6 +150,10 @@ class Translator:
         if ms != self._ts_ms:
             if self._buffer and ms - self._applied_ms >= FLUSH_MS:
                 self.apply()  # what waited a second goes in (before the caller's event)
+            if ms >= self._report_ms:
+                if self._report_ms:
+                    self.report()
+                self._report_ms = ms + REPORT_MS
             self._ts_ms = ms
             self._ts = events.timestamp(ms * 1000)
         return self._ts
@@ -166,7 +176,34 @@ class Translator:
         self._applied_ms = self._ts_ms
         self.stats.batches += 1
         self.stats.events += len(evs)
-        return self.local.apply(evs)
+        try:
+            return self.local.apply(evs)
+        except Exception:
+            # A policy that raises must not stop vLLM's scheduler: the batch is counted and
+            # logged; evictions are then refused (vLLM skips those stores) if the core can
+            # no longer name chunks vLLM holds.
+            self.stats.errors += 1
+            if self.stats.errors <= 10:
+                log.exception("kvbroker: applying a batch of %d events failed (error %d)", len(evs), self.stats.errors)
+            return None
+
+    def report(self) -> None:
+        """Log the counters (every REPORT_MS while vLLM calls)."""
+        st = self.stats
+        journal = self.local.journal
+        log.info(
+            "kvbroker: %d chunks held, %d evictions asked (%d refused), %d chunks evicted, %d batches, "
+            "%d hinted requests, %d hints ignored, %d errors, journal %s",
+            len(self.entries),
+            st.evictions_asked,
+            st.evictions_refused,
+            st.chunks_evicted,
+            st.batches,
+            st.hinted_requests,
+            sum(st.hints_ignored.values()),
+            st.errors,
+            f"{journal.url} ({journal.written} records written)" if journal is not None else "none",
+        )
 
     def flush(self) -> None:
         """Apply what is buffered and wait until the journal holds it."""
@@ -299,11 +336,20 @@ class Translator:
         entries = self.entries
         shielded = [entry[1] for key in protected if (entry := entries.get(key)) is not None]
         shielded += [entries[key][1] for key in self.held]
-        victims = self.decider.evict(n, shielded)
-        if victims is None or len(victims) != n:
+        try:
+            victims = self.decider.evict(n, shielded)
+        except Exception:
+            stats.errors += 1
+            log.exception("kvbroker: the eviction decision failed; the store is refused")
+            victims = None
+        by_id = self.by_id
+        if victims is not None and not self._acceptable(victims, n, shielded):
+            stats.errors += 1
+            log.error("kvbroker: the decider named victims vLLM cannot evict (%d asked): %s; the store is refused", n, victims[:8])
+            victims = None
+        if victims is None:
             stats.evictions_refused += 1
             return None
-        by_id = self.by_id
         out = []
         fields = []
         for block_id in victims:
@@ -315,6 +361,16 @@ class Translator:
         # vLLM forgets the victims: so does the local core, first thing in the next batch.
         self.record(events.freed(self.timestamp(), fields))
         return out
+
+    def _acceptable(self, victims: list[str], n: int, shielded: list[str]) -> bool:
+        """Exactly ``n`` distinct chunks vLLM holds, none shielded (a decider is trusted with
+        nothing: a remote one may be out of step)."""
+        if len(victims) != n or len(set(victims)) != n:
+            return False
+        by_id = self.by_id
+        if any(v not in by_id for v in victims):
+            return False
+        return not set(victims).intersection(shielded)
 
     def clear(self) -> None:
         self._buffer = []  # the clear drops every block: nothing buffered matters any more

@@ -45,8 +45,9 @@ log = logging.getLogger("vllm.kvbroker")
 _STACK_DEPTH = 12
 
 
-def vllm_extra_config() -> Mapping[str, Any]:
-    """The kv_connector_extra_config vLLM is building this policy for ({} if none is found)."""
+def vllm_context() -> tuple[Mapping[str, Any], int]:
+    """The kv_connector_extra_config vLLM is building this policy for ({} if none is
+    found), and the engine's data-parallel index (0 if unknown)."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_STACK_DEPTH):
         if frame is None:
@@ -54,7 +55,9 @@ def vllm_extra_config() -> Mapping[str, Any]:
         owner = frame.f_locals.get("self")
         extra = getattr(owner, "extra_config", None) if owner is not None else None
         if isinstance(extra, Mapping):
-            return extra
+            parallel = getattr(getattr(owner, "config", None), "parallel", None)
+            rank = getattr(parallel, "data_parallel_index", 0)
+            return extra, rank if isinstance(rank, int) else 0
         frame = frame.f_back
     try:
         from vllm.config import get_current_vllm_config_or_none
@@ -64,7 +67,7 @@ def vllm_extra_config() -> Mapping[str, Any]:
         config = None
     transfer = getattr(config, "kv_transfer_config", None) if config is not None else None
     extra = getattr(transfer, "kv_connector_extra_config", None)
-    return extra if isinstance(extra, Mapping) else {}
+    return (extra if isinstance(extra, Mapping) else {}), 0
 
 
 def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Translator) -> Decider | None:
@@ -84,7 +87,8 @@ class KvbrokerCachePolicy(CachePolicy):
 
     def __init__(self, cache_capacity: int, extra_config: Mapping[str, Any] | None = None) -> None:
         super().__init__(cache_capacity)
-        self.settings = load_settings(extra_config if extra_config is not None else vllm_extra_config())
+        found, rank = vllm_context()
+        self.settings = load_settings(extra_config if extra_config is not None else found, rank=rank)
         # Sidecar mode: the embedded core is the broker's local fallback (and mirror).
         fallback = self.settings.fallback_policy if self.settings.mode == "sidecar" else ""
         self.local = EmbeddedCore(self.settings, cache_capacity, policy=fallback or None)

@@ -166,17 +166,18 @@ def broker_holds(port: int, held: set[str], client: str = CLIENT, tier: str = TI
     return True
 
 
-def sidecar(port: int, fallback: str, tier: str = "cpu{dp_rank}") -> tuple[Translator, SidecarDecider]:
+def sidecar(port: int, fallback: str, tier: str = "cpu{rank}", rank: int = 0) -> tuple[Translator, SidecarDecider]:
     settings = load_settings(
         {
             "kvbroker_mode": "sidecar",
             "kvbroker_broker": f"127.0.0.1:{port}",
             "kvbroker_deadline_ms": DEADLINE_MS,
             "kvbroker_fallback_policy": fallback,
-            "kvbroker_client_id": "vllm-dp{dp_rank}",
+            "kvbroker_client_id": "vllm-dp{rank}",
             "kvbroker_broker_tier": tier,
         },
         environ={},
+        rank=rank,  # vLLM's data-parallel index (KvbrokerCachePolicy finds it on the stack)
     )
     local = EmbeddedCore(settings, CHUNKS, policy=settings.fallback_policy)
     translator = Translator(local)
@@ -353,12 +354,11 @@ def test_a_broker_that_lost_its_state_gets_the_tier_restated(tmp_path: Path) -> 
         stop(proc)
 
 
-def test_one_broker_serves_two_data_parallel_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_broker_serves_two_data_parallel_ranks(tmp_path: Path) -> None:
     proc, port = serve(tmp_path, "lru")
     ranks = []
     for rank in (0, 1):
-        monkeypatch.setenv("VLLM_DP_RANK", str(rank))
-        translator, decider = sidecar(port, "lru")
+        translator, decider = sidecar(port, "lru", rank=rank)
         decider.deadline_s = 5.0  # the broker decides: no fallback on a loaded box
         ranks.append((Engine(translator), translator, decider))
     try:

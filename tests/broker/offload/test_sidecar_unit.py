@@ -15,7 +15,7 @@ from broker.offload.embedded import EmbeddedCore
 from broker.offload.link import DOWN, TIMEOUT, Unanswered
 from broker.offload.settings import SettingsError, load_settings
 from broker.offload.sidecar import Names, SidecarDecider
-from broker.offload.sidecar_setup import dp_rank, resolve, tier_problem
+from broker.offload.sidecar_setup import tier_problem
 from broker.offload.translate import Translator
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
@@ -224,8 +224,8 @@ def test_names_rewrite_a_batch_into_the_ranks_names_and_tier() -> None:
 
 
 def test_sidecar_settings() -> None:
-    settings = load_settings({"kvbroker_mode": "sidecar", "kvbroker_broker": "b:1", "kvbroker_broker_tier": "cpu{dp_rank}"}, environ={})
-    assert settings.broker_tier == "cpu{dp_rank}"
+    settings = load_settings({"kvbroker_mode": "sidecar", "kvbroker_broker": "b:1", "kvbroker_broker_tier": "cpu{rank}"}, environ={})
+    assert settings.broker_tier == "cpu{rank}"
     env = {"KVBROKER_VLLM_MODE": "sidecar", "KVBROKER_VLLM_BROKER": "b:2", "KVBROKER_VLLM_DEADLINE_MS": "2.5"}
     settings = load_settings({}, environ=env)
     assert (settings.mode, settings.broker, settings.deadline_ms) == ("sidecar", "b:2", 2.5)
@@ -237,28 +237,15 @@ def test_sidecar_settings() -> None:
         load_settings({"kvbroker_mode": "sidecar", "kvbroker_broker": "b:1", "kvbroker_fallback_policy": "nope"}, environ={})
 
 
-class _Parallel:
-    data_parallel_index = 3
-
-
-class _Config:
-    parallel = _Parallel()
-
-
-class _Spec:
-    """Where vLLM's offloading spec stands: it builds the manager, which builds the policy."""
-
-    config = _Config()
-
-    def build(self) -> int:
-        return dp_rank()
-
-
-def test_the_data_parallel_rank_comes_from_the_spec_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _Spec().build() == 3
-    monkeypatch.setenv("VLLM_DP_RANK", "2")
-    assert dp_rank() == 2
-    assert resolve("vllm-dp{dp_rank}/{pid}", 5) == f"vllm-dp5/{os.getpid()}"
+def test_rank_and_pid_in_the_client_id_and_the_broker_tier() -> None:
+    extra = {
+        "kvbroker_mode": "sidecar",
+        "kvbroker_broker": "b:1",
+        "kvbroker_client_id": "vllm-dp{rank}-{pid}",
+        "kvbroker_broker_tier": "cpu{rank}",
+    }
+    settings = load_settings(extra, environ={}, rank=5)
+    assert (settings.resolved_client_id(), settings.resolved_broker_tier()) == (f"vllm-dp5-{os.getpid()}", "cpu5")
 
 
 def test_the_tier_check_names_what_cannot_work() -> None:

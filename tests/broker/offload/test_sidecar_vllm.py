@@ -50,8 +50,8 @@ def test_the_manager_never_raises_and_evicts_within_the_bound_through_a_broker_k
         mode="sidecar",
         broker=f"127.0.0.1:{port}",
         deadline_ms=DEADLINE_MS,
-        client_id="vllm-dp{dp_rank}",
-        broker_tier="cpu{dp_rank}",
+        client_id="vllm-dp{rank}",
+        broker_tier="cpu{rank}",
     )
     policy = manager._policy
     decider = policy.translator.decider

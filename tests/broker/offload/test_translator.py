@@ -13,6 +13,7 @@ test_vllm_manager.py (marker ``vllm``).
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from pathlib import Path
 
@@ -171,3 +172,86 @@ def test_the_journal_replays_with_verify_to_the_same_evictions(tmp_path: Path) -
     config = t.local.config
     replay(journal_batches(JournalSource(url)), config, None, sink=sink)
     assert [d.block_id for d in sink] == [x.hex() for group in evictions for x in group]
+
+
+class Wrong:
+    """A decider out of step with vLLM (a remote one may be): it names what it is told."""
+
+    def __init__(self, answer: list[str] | None = None, fail: bool = False) -> None:
+        self.answer = answer
+        self.fail = fail
+
+    def evict(self, count: int, protected: list[str]) -> list[str] | None:
+        if self.fail:
+            raise RuntimeError("broker gone")
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("decider", "n"),
+    [
+        (Wrong(fail=True), 1),
+        (Wrong(["nope"]), 1),
+        (Wrong([k(1).hex(), k(1).hex()]), 2),
+        (Wrong([k(0).hex()]), 1),
+        (Wrong([k(1).hex()]), 2),
+    ],
+    ids=["raises", "unknown", "twice", "protected", "too-few"],
+)
+def test_a_decider_that_fails_or_names_impossible_victims_refuses_the_store_and_changes_nothing(decider: Wrong, n: int) -> None:
+    t = translator("lru", 4)
+    for i in range(3):
+        t.insert(k(i), Chunk(0), Ctx("r"))
+    t.decider = decider
+    before = dict(t.entries)
+    assert t.evict(n, {k(0)}) is None
+    assert t.entries == before and t.stats.evictions_refused == 1 and t.stats.errors == 1
+
+
+def test_a_policy_that_raises_does_not_stop_the_engine() -> None:
+    t = translator("lru", 4)
+    t.insert(k(1), Chunk(0), Ctx("r"))
+
+    def broken(evs: list[bytes]) -> object:
+        raise RuntimeError("policy bug")
+
+    t.local.apply = broken  # type: ignore[method-assign]
+    assert t.apply() is None and t.stats.errors == 1
+    assert t.evict(1, set()) is None  # the local decider gets no outcome: the store is refused
+
+
+def test_an_engine_restarted_on_the_same_journal_replays_both_runs(tmp_path: Path) -> None:
+    """A restart writes on the journal of the run before (same client id): its batches number
+    on above the last run's, its first clears the last run's chunks, and its config may size
+    the tier anew. Replay makes both runs' evictions; --verify checks one run's journal only
+    (the restarted core numbers its directives from 1 again: docs/vllm.md says to give each
+    run its own journal, "{pid}" in the path)."""
+    url = f"file://{tmp_path}/vllm.journal"
+    runs = []
+    for capacity, seed in ((10, 1), (6, 2)):
+        t = translator("lru", capacity, url)
+        runs.append(drive(t, random.Random(seed), 400, capacity))
+        t.flush()
+        t.local.close()
+    sink: list[Directive] = []
+    replay(journal_batches(JournalSource(url)), translator("lru", 10).local.config, None, sink=sink)
+    assert [d.block_id for d in sink] == [x.hex() for run in runs for group in run for x in group]
+
+
+def test_placeholders_name_the_process_and_the_data_parallel_rank() -> None:
+    settings = load_settings({"kvbroker_client_id": "vllm-dp{rank}", "kvbroker_journal": "file:///j/{rank}-{pid}.journal"}, {}, rank=3)
+    assert settings.resolved_client_id() == "vllm-dp3"
+    assert settings.resolved_journal() == f"file:///j/3-{os.getpid()}.journal"
+
+
+def test_the_counters_are_logged_every_minute(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    now = [1_000_000_000_000]
+    monkeypatch.setattr(translate.time, "time_ns", lambda: now[0])
+    t = translator("lru", 4)
+    with caplog.at_level("INFO", logger="vllm.kvbroker"):
+        t.insert(k(1), Chunk(0), Ctx("r"))
+        assert not [r for r in caplog.records if "chunks held" in r.getMessage()]
+        now[0] += translate.REPORT_MS * 1_000_000
+        t.insert(k(2), Chunk(0), Ctx("r"))
+    (line,) = [r.getMessage() for r in caplog.records if "chunks held" in r.getMessage()]
+    assert line.startswith("kvbroker: 2 chunks held, 0 evictions asked (0 refused)") and "journal none" in line
