@@ -40,7 +40,7 @@ from clients.broker_client import BrokerClient, BrokerError, ClientSecurity, Whe
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
-log = logging.getLogger("kvbroker.offload.link")
+log = logging.getLogger("vllm.kvbroker.link")
 
 DOWN = "down"
 TIMEOUT = "timeout"

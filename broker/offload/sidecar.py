@@ -54,7 +54,7 @@ from clients.broker_client import ClientSecurity, acked_event
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
-log = logging.getLogger("kvbroker.offload.sidecar")
+log = logging.getLogger("vllm.kvbroker.sidecar")
 
 # Why the fallback decided (counters "fallback_<reason>").
 REFUSED = "refused"  # the broker could not choose n victims (its view differs)

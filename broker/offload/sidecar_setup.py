@@ -12,7 +12,7 @@ from clients.admin import get_residency
 from clients.broker_client import ClientSecurity
 from kvbroker.v1 import broker_service_pb2 as spb
 
-log = logging.getLogger("kvbroker.offload.sidecar")
+log = logging.getLogger("vllm.kvbroker.sidecar")
 
 
 def tier_problem(tiers: Sequence[spb.TierUsage], tier: str, chunks: int) -> str | None:
