@@ -37,6 +37,7 @@ from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from tests.broker.offload.test_sidecar_link import ROOT, start_broker, stop
+from tests.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -396,3 +397,30 @@ def test_a_tier_the_broker_does_not_have_is_said_in_the_log(tmp_path: Path, capl
     finally:
         decider.close()
         stop(proc)
+
+
+def test_vllm_may_start_before_the_broker(tmp_path: Path) -> None:
+    # The sidecar starts with no broker on its port: it decides locally at once, and once a
+    # broker comes up it connects by itself, sends everything vLLM did so far, and the
+    # broker decides from then on, holding what vLLM holds.
+    port = free_port()
+    translator, decider = sidecar(port, "lru")
+    engine = Engine(translator)
+    proc = None
+    try:
+        for i in range(200):
+            engine.store(i)
+        counts = decider.counters()
+        assert counts["fallback_down"] == counts["evictions_asked"] > 0, counts
+        assert statistics.median(engine.evict_times) < DEADLINE_MS / 1000 + MEDIAN_MARGIN_S
+        proc, port2 = serve(tmp_path, "lru", port)
+        assert port2 == port and decider.link.wait_connected(10)
+        decider.deadline_s = 5.0
+        for i in range(200, 400):
+            engine.store(i)
+        assert decider.counters()["broker_decisions"] > 0
+        wait_until_broker_holds(port, translator, decider)
+    finally:
+        decider.close()
+        if proc is not None:
+            stop(proc)
