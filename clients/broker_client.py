@@ -447,7 +447,9 @@ class BrokerClient:
             self._closed = True
             return
         limit = self.close_timeout_s if timeout is None else timeout
-        if self._error is None:
+        # Nothing buffered or unanswered: nothing to wait for (a wait of 0 s, as
+        # SyncBrokerClient.close gives after its own flush, would time out even so).
+        if self._error is None and (self._events or self._unsent or self._inflight):
             try:
                 await asyncio.wait_for(self.flush(), limit)
             except (TimeoutError, BrokerError) as exc:

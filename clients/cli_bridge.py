@@ -62,6 +62,35 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0, got 0")
+    return value
+
+
+def _endpoint(text: str) -> str:
+    """A ZMQ endpoint the bridge can connect to: tcp://HOST:PORT (what vLLM's
+    kv_events_config names, with the host it runs on for ``*``), or ipc://PATH."""
+    if text.startswith("ipc://") and len(text) > len("ipc://"):
+        return text
+    host, sep, port = text.removeprefix("tcp://").rpartition(":")
+    if text.startswith("tcp://") and port == "0":
+        raise argparse.ArgumentTypeError(f"{text!r}: port 0 is chosen by the OS (per rank); give vLLM and the bridge a fixed port")
+    if not text.startswith("tcp://") or not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (port 1..65535) or ipc://PATH, got {text!r}")
+    if host == "*":
+        raise argparse.ArgumentTypeError(f"{text!r} is where vLLM binds; connect to the host it runs on: tcp://HOST:{port}")
+    return text
+
+
+def _host_port(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1..65535, got {text!r}")
+    return text
+
+
 def _tier_map(text: str) -> tuple[tuple[str, str], ...]:
     try:
         return parse_tier_map(text)
@@ -72,14 +101,15 @@ def _tier_map(text: str) -> tuple[tuple[str, str], ...]:
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add the ``vllm-bridge`` verb to the kvbroker command's subparsers."""
     p = subparsers.add_parser("vllm-bridge", help="stream a vLLM engine's KV-cache events (ZMQ) into the broker")
-    p.add_argument("--events", required=True, help="vLLM's KV-events PUB endpoint, tcp://HOST:5557 (rank r: port + r)")
+    p.add_argument("--events", required=True, type=_endpoint, help="vLLM's KV-events PUB endpoint, tcp://HOST:5557 (rank r: port + r)")
     p.add_argument(
         "--replay",
+        type=_endpoint,
         help="vLLM's replay ROUTER endpoint, tcp://HOST:5657 (rank r: port + r; keep it --dp-size ports away from --events); "
         "gaps are filled and engine restarts told from losses with it",
     )
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (vLLM's kv_events_config topic; default all)")
-    p.add_argument("--broker", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--broker", required=True, type=_host_port, help="HOST:PORT of the broker")
     p.add_argument("--model", required=True, help=f"model name ({', '.join(kvsize.known_models())}) or path to a config.json")
     p.add_argument("--dtype", choices=list(kvsize.DTYPE_BYTES), default="fp16", help="KV-cache scalar type (default fp16)")
     p.add_argument("--block-bytes", type=_positive, help="bytes per block, instead of the model's figure")
@@ -124,16 +154,40 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="when --max-pending-batches are unanswered: block (back up into ZMQ; replay repairs), drop_oldest, raise",
     )
     p.add_argument("--max-pending-batches", type=_positive, default=1024, help="unanswered batches per rank (default 1024)")
-    p.add_argument("--replay-timeout", type=float, default=2.0, help="seconds to wait for a replay reply (default 2)")
+    p.add_argument("--replay-timeout", type=_positive_seconds, default=2.0, help="seconds to wait for a replay reply (default 2)")
     p.add_argument("--no-clear-on-start", action="store_true", help="keep what the broker holds for these client ids")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=cmd_vllm_bridge)
     return p
 
 
+def _check_paths(args: argparse.Namespace) -> str | None:
+    """The model and the files the bridge writes, checked before it starts: the flag and the
+    reason, or None."""
+    import os
+
+    try:
+        kvsize.resolve_shape(args.model)
+    except ValueError as exc:
+        return f"--model: {exc}"
+    for flag, path in (("--capture", args.capture), ("--stats-file", args.stats_file)):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            return f"{flag}: {path} is a folder; give a file path"
+        if not os.path.isdir(folder):
+            return f"{flag}: folder {folder} does not exist"
+    return None
+
+
 def cmd_vllm_bridge(args: argparse.Namespace) -> int:
     from clients.vllm_bridge import BridgeConfig, VllmBridge
 
+    problem = _check_paths(args)
+    if problem:
+        print(f"kvbroker vllm-bridge: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = BridgeConfig(

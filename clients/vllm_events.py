@@ -533,6 +533,10 @@ class CaptureError(ValueError):
         self.index = index
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[CaptureError], tuple[str, int, str]]:
+        # Survives pickling with its fields (a replay job's error comes back from its worker process).
+        return (type(self), (self.path, self.index, self.reason))
+
 
 def read_capture(path: str) -> tuple[dict[str, Any], Iterator[CaptureRecord | CaptureError]]:
     """(header, records): a bad record is yielded as a CaptureError for the caller to raise or

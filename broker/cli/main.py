@@ -9,8 +9,29 @@ import sys
 from typing import Any
 
 from broker import native
+from broker.cli.checks import (
+    BadInput,
+    OneLineParser,
+    check_readable,
+    check_writable_dir,
+    check_writable_file,
+    host_port,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    say,
+)
 from broker.config import ConfigError, load_config, parse_config
 from broker.journal.records import JournalError
+
+
+def _config(path: str | None) -> Any:
+    """The config file of --config (the defaults without one); its mistakes name --config."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise BadInput("--config", str(exc)) from None
 
 
 def _split_policies(values: list[str] | None) -> list[str]:
@@ -42,11 +63,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         validate_telemetry(telemetry)  # a ConfigError naming telemetry.<key>, as for the file
         return dataclasses.replace(config, telemetry=telemetry)
 
-    from broker.config.settings import check_listen
+    from broker.cli.serve_checks import preflight
 
-    config = with_flags(load_config(args.config))
-    if args.listen:
-        check_listen(args.listen, "--listen")
+    config = with_flags(_config(args.config))
+    metrics_flags = args.metrics_port is not None or args.metrics_host is not None
+    # Before the first log line: a mistake is then the one line on stderr.
+    preflight(config, listen_flag=bool(args.listen), journal_flag=bool(args.journal), metrics_flags=metrics_flags)
     setup_logging(args.log_level, config.telemetry.log_format)
 
     def ready(broker: Any) -> None:
@@ -78,6 +100,9 @@ def _client_security(args: argparse.Namespace) -> Any:
     """The command line over the KVBROKER_* environment (the token is never a flag: ps shows flags)."""
     from clients.broker_client import ClientSecurity, read_token
 
+    for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
+        if getattr(args, flag):
+            check_readable(getattr(args, flag), "--" + flag.replace("_", "-"))
     env = ClientSecurity.from_env()
     return dataclasses.replace(
         env,
@@ -101,19 +126,29 @@ def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
         print(f"kvbroker {verb}: {exc}", file=sys.stderr)
         return None
     except grpc.RpcError as exc:
-        print(f"kvbroker {verb}: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"kvbroker {verb}: --target: cannot reach {args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return None
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    stats = _stats_or_none("status", args)
-    if stats is None:
-        return 2
+def _reachable(args: argparse.Namespace, verb: str) -> None:
+    """--target answers GetStats (before a benchmark prints its header)."""
+    import grpc
+
+    from clients.admin import get_stats
+
+    try:
+        get_stats(args.target, timeout=5.0)
+    except grpc.RpcError as exc:
+        raise BadInput("--target", f"cannot reach {args.target}: {exc.code().name}: {exc.details()}") from None
+
+
+def status_record(stats: Any) -> dict[str, Any]:
+    """The `kvbroker status --json` object of a GetStats reply (its field names are a contract)."""
     tiers = [
         {"name": t.name, "blocks": t.blocks, "bytes": t.bytes, "capacity_bytes": t.capacity_bytes, "pinned_bytes": t.pinned_bytes}
         for t in stats.tiers
     ]
-    record: dict[str, Any] = {
+    return {
         "broker_id": stats.broker_id,
         "policy": stats.policy,
         "config_generation": stats.config_generation,
@@ -140,6 +175,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         "refused_streams": dict(sorted(stats.refused_streams.items())),
         "revoked_streams": stats.revoked_streams,
     }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    stats = _stats_or_none("status", args)
+    if stats is None:
+        return 2
+    record = status_record(stats)
+    tiers = record["tiers"]
     if args.json:
         print(json.dumps(record, indent=2))
         return 0
@@ -170,7 +213,10 @@ def _capacity_combos(args: argparse.Namespace, bytes_per_token: int) -> list[dic
         value = getattr(args, flag)
         if not value:
             continue
-        sizes = [parse_capacity(v, bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
+        try:
+            sizes = [parse_capacity(v, bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
+        except ConfigError as exc:
+            raise BadInput(f"--{flag}", str(exc).removeprefix(f"--{flag}: ")) from None
         combos = [{**c, position: size} for c in combos for size in sizes]
     return combos
 
@@ -248,9 +294,8 @@ def cmd_ab(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import os
 
-    from broker.config import CoreConfig
     from broker.journal import JournalError, open_source
-    from broker.replay.fleet import expand_journals, with_fleet_totals
+    from broker.replay.fleet import with_fleet_totals
     from broker.replay.grid import parse_params
     from broker.replay.plan import PlannedSource, SweepSpec, plan_jobs
     from broker.replay.replay import format_table, journal_config
@@ -260,7 +305,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from policies.base import PolicyError
 
     if bool(args.journal) == bool(args.trace):
-        print("kvbroker replay: give either --journal URL (one or more) or --trace PATH --format F", file=sys.stderr)
+        print("kvbroker replay: --journal/--trace: give either --journal URL (one or more) or --trace PATH --format F", file=sys.stderr)
         return 2
     policies = _split_policies(args.policy) + _split_policies(args.policies) or registry.names()
     try:
@@ -269,45 +314,49 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
         return 2
+    if args.trace:
+        _check_trace(args)
+    _check_outputs(args)
     options = _trace_options(args)
     try:
         grid = parse_params(args.param, policies)
+    except PolicyError as exc:
+        message = str(exc)  # grid's own messages name the flag: "--param FLAG: ..."
+        print(f"kvbroker replay: {message if message.startswith('--param') else '--param: ' + message}", file=sys.stderr)
+        return 2
+    try:
         planned: list[PlannedSource] = []
         if args.journal:
-            for url, stream in expand_journals(args.journal, args.stream):
+            for url, stream in _journals(args):
                 journal = open_source(url, stream)
-                journal.check()
-                recorded = journal_config(journal)
+                try:
+                    journal.check()
+                    recorded = journal_config(journal)
+                except JournalError as exc:
+                    raise BadInput("--journal", str(exc)) from None
                 live_policy = recorded.policy.name if recorded else None
                 if recorded is not None and recorded.policy.split:
                     from broker.model.arms import split_label
 
                     live_policy = split_label(recorded.policy.split)  # verified by following the journal
-                base = load_config(args.config).core if args.config else recorded
+                base = _config(args.config).core if args.config else recorded
                 if base is None:
-                    print(f"kvbroker replay: the journal {journal.url} holds no config record; pass --config", file=sys.stderr)
-                    return 2
+                    why = f"the journal {journal.url} holds no config record (the tiers to replay on); pass --config"
+                    raise BadInput("--config", why)
                 planned.append(PlannedSource(Source(journal=url, stream=stream, options=options), base, live_policy))
         else:
-            if not args.format:
-                print("kvbroker replay: --trace needs --format (mooncake, ...)", file=sys.stderr)
-                return 2
             if args.config:
-                base = load_config(args.config).core
-            elif args.format == "profile":
-                from broker.replay.traces.profiles import profile_config
-
-                try:
-                    base = parse_config(profile_config(args.trace)).core
-                except KeyError:
-                    base = CoreConfig()  # read_trace names the unknown profile
-            elif args.no_decode:
+                base = _config(args.config).core
+            elif args.no_decode and args.format != "profile":
                 if not args.hbm:
-                    print("kvbroker replay: --no-decode without --config replays one cache tier: give its size with --hbm", file=sys.stderr)
+                    print(
+                        "kvbroker replay: --hbm: --no-decode without --config replays one cache tier: give its size with --hbm",
+                        file=sys.stderr,
+                    )
                     return 2
                 base = single_tier(0)
             else:
-                base = CoreConfig()
+                base = _trace_base_config(args.trace, args.format)
             planned.append(PlannedSource(Source(trace=args.trace, fmt=args.format, options=options), base))
         spec = SweepSpec(
             policies,
@@ -317,14 +366,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
             verify=args.verify,
             ablate_intent=args.ablate_intent,
         )
-        jobs = plan_jobs(planned, spec)
+        try:
+            jobs = plan_jobs(planned, spec)
+        except ConfigError as exc:  # a tier size for a tier the config does not have
+            print(f"kvbroker replay: {exc}", file=sys.stderr)
+            return 2
         if args.ray is not None:
             from broker.replay.ray_runner import RayMissing, SweepFailed, run_jobs_on_ray
 
             try:
                 records = run_jobs_on_ray(jobs, args.ray or None, num_cpus=args.jobs or None)
             except RayMissing as exc:
-                print(f"kvbroker replay: {exc}", file=sys.stderr)
+                print(f"kvbroker replay: {exc}", file=sys.stderr)  # "--ray needs Ray, ..."
                 return 2
             except SweepFailed as exc:
                 print(f"kvbroker replay: {exc}", file=sys.stderr)
@@ -335,8 +388,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         else:
             workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
             records = run_jobs(jobs, workers, progress=True if args.progress else None)
-    except (JournalError, TraceError, PolicyError) as exc:
-        print(f"kvbroker replay: {exc}", file=sys.stderr)
+    except JournalError as exc:
+        print(f"kvbroker replay: --journal: {exc}", file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"kvbroker replay: --trace: {exc}", file=sys.stderr)
+        return 2
+    except PolicyError as exc:
+        print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
         return 2
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
@@ -369,40 +428,111 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _journals(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(url, stream) of every --journal, patterns expanded; a mistake names --journal."""
+    from broker.journal import JournalError
+    from broker.replay.fleet import expand_journals
+
+    try:
+        return expand_journals(args.journal, args.stream)
+    except (JournalError, ValueError) as exc:
+        raise BadInput("--journal", str(exc)) from None
+
+
+def _check_trace(args: argparse.Namespace) -> None:
+    """--format and --trace, checked before any process starts: a misspelt format or a
+    missing file is one line, not one failure per policy."""
+    from broker.replay.traces import FORMATS
+
+    if not args.format:
+        raise BadInput("--format", f"--trace needs --format (one of {', '.join(sorted(FORMATS))})")
+    if args.format not in FORMATS:
+        raise BadInput("--format", f"unknown trace format {args.format!r} (one of {', '.join(sorted(FORMATS))})")
+    if args.format != "profile":  # a profile's "path" is its name
+        check_readable(args.trace, "--trace")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--csv and --plot can be written, before minutes of replay are spent."""
+    import importlib.util
+
+    if args.csv and args.csv != "-":
+        check_writable_file(args.csv, "--csv")
+    if args.plot:
+        check_writable_dir(args.plot, "--plot")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BadInput("--plot", "needs matplotlib: pip install 'kvbroker[plot]'")
+
+
 def cmd_import(args: argparse.Namespace) -> int:
-    from broker.journal import file_path
+    import os
+
+    from broker.config import core_to_json
+    from broker.journal import file_path, is_file_url
     from broker.journal.records import MAGIC, JournalRecord, RecordKind, encode
     from broker.replay.traces import SkipCounter, TraceError, read_trace
 
+    _check_trace(args)
+    if not is_file_url(args.out):
+        raise BadInput("--out", f"import writes a journal file: file://PATH or a path, got {args.out!r}")
+    out = file_path(args.out)
+    check_writable_file(out, "--out")
+    # Always a CONFIG record, so `replay --journal` needs no --config: the one given, else
+    # the tiers `replay --trace` would use for this trace (a profile's own, or the defaults).
+    core = _config(args.config).core if args.config else _trace_base_config(args.trace, args.format)
     options = _trace_options(args)
     skips = SkipCounter(args.skip_bad)
-    out = file_path(args.out)
     batches = events = 0
+    partial = f"{out}.importing"  # renamed over --out only once the whole trace is in
     try:
-        with open(out, "wb") as f:
+        with open(partial, "wb") as f:
             f.write(MAGIC)
-            if args.config:
-                from broker.config import core_to_json
-
-                core = load_config(args.config).core
-                f.write(encode(JournalRecord(RecordKind.CONFIG, 1, 1, core_to_json(core).encode())))
+            f.write(encode(JournalRecord(RecordKind.CONFIG, 1, 1, core_to_json(core).encode())))
             for batch in read_trace(args.trace, args.format, options, skips):
                 f.write(encode(JournalRecord(RecordKind.BATCH, 1, 1, batch.SerializeToString())))
                 batches += 1
                 events += len(batch.events)
+        os.replace(partial, out)
     except TraceError as exc:
-        print(f"kvbroker import: {exc}", file=sys.stderr)
+        print(f"kvbroker import: --trace: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"kvbroker import: --out: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
     print(json.dumps({"journal": f"file://{out}", "batches": batches, "events": events, "skipped_lines": skips.skipped}))
     return 0
 
 
+def _trace_base_config(trace: str, fmt: str) -> Any:
+    """The tiers a trace replays on without --config: a profile's own, else the defaults
+    (hbm/dram/nvme)."""
+    from broker.config import CoreConfig
+
+    if fmt == "profile":
+        from broker.replay.traces.profiles import profile_config
+
+        try:
+            return parse_config(profile_config(trace)).core
+        except KeyError:
+            return CoreConfig()  # read_trace names the unknown profile
+    return CoreConfig()
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
     """Keep every intact record of a damaged file journal; say what was cut."""
-    from broker.journal import JournalError
+    import os
+
+    from broker.journal import JournalError, file_path, is_file_url
     from broker.journal.file import repair_file_journal, take_lock
 
-    path = args.journal[len("file://") :] if args.journal.startswith("file://") else args.journal
+    if not is_file_url(args.journal):
+        raise BadInput("journal", f"repair mends file journals: file://PATH or a path, got {args.journal!r}")
+    path = file_path(args.journal)
+    if not os.path.isfile(path):  # before the lock, which would make PATH.lock beside it
+        raise BadInput("journal", f"{path}: {'is a folder' if os.path.isdir(path) else 'no such file'}")
     try:
         lock = take_lock(path)  # not while a broker writes it
     except JournalError as exc:
@@ -410,12 +540,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
         return 2
     try:
         report = repair_file_journal(path, write=not args.check)
-    except (OSError, JournalError) as exc:
-        print(f"kvbroker repair: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"kvbroker repair: journal {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except JournalError as exc:
+        print(f"kvbroker repair: journal {exc}", file=sys.stderr)
         return 2
     finally:
-        import os
-
         os.close(lock)
     out = {
         "journal": path,
@@ -457,6 +588,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from broker.cli.demo import main as demo_main
+
+    if args.keep:
+        check_writable_dir(args.keep, "--keep")
 
     return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
 
@@ -501,6 +635,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if journals is not None and (not journals or set(journals) - set(JOURNALS)):
         print(f"kvbroker bench: --journals: each one of {', '.join(JOURNALS)}, got {args.journals!r}", file=sys.stderr)
         return 2
+    if not args.redis.startswith(("redis://", "rediss://", "unix://")):
+        raise BadInput("--redis", f"expected redis://HOST:PORT/DB (or rediss://, unix://), got {args.redis!r}")
+    if args.target:
+        _reachable(args, "bench")
+    elif journals and "redis" in journals:
+        from broker.bench.run import redis_reachable
+
+        # Asked for by name, not skipped with a note as when --journals is left to its default.
+        why = redis_reachable(args.redis)
+        if why:
+            raise BadInput("--redis", f"{args.redis} does not answer ({why}), and --journals names redis")
     changes: dict[str, Any] = {"target": args.target, "policy": args.policy, "redis_url": args.redis, "window": args.window}
     changes["seed"] = args.seed
     changes["prefix_cache"] = args.prefix_cache
@@ -536,43 +681,53 @@ def _trace_flags(p: argparse.ArgumentParser, required: bool = False) -> None:
         "--format", required=required, help="trace format: mooncake, kvds-events, kvds-requests, vllm-events, profile (PATH = profile name)"
     )
     p.add_argument("--no-decode", action="store_true", help="prompt blocks only (prefix-cache hit-ratio methodology)")
-    p.add_argument("--bytes-per-token", type=int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)")
-    p.add_argument("--tpot-us", type=int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
+    p.add_argument(
+        "--bytes-per-token", type=positive_int, default=TraceOptions.bytes_per_token, help="KV bytes per token (default llama-3-8b fp16)"
+    )
+    p.add_argument("--tpot-us", type=positive_int, default=TraceOptions.tpot_us, help="decode time per output token, microseconds")
     p.add_argument("--skip-bad", action="store_true", help="count and skip bad lines instead of stopping at the first")
-    p.add_argument("--us-per-step", type=int, default=TraceOptions.us_per_step, help="kvds-events: event time of one seed step (µs)")
-    p.add_argument("--block-tokens", type=int, default=TraceOptions.block_tokens, help="kvds-requests: tokens per KV block")
+    p.add_argument(
+        "--us-per-step", type=positive_int, default=TraceOptions.us_per_step, help="kvds-events: event time of one seed step (µs)"
+    )
+    p.add_argument("--block-tokens", type=positive_int, default=TraceOptions.block_tokens, help="kvds-requests: tokens per KV block")
     p.add_argument("--model", default=TraceOptions.model, help="kvds-requests: model of requests that name none")
     p.add_argument("--seed", type=int, default=TraceOptions.seed, help="profile: generator seed")
-    p.add_argument("--scale", type=float, default=TraceOptions.scale, help="profile: request/page count multiplier")
+    p.add_argument("--scale", type=positive_float, default=TraceOptions.scale, help="profile: request/page count multiplier")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvbroker", description="gRPC memory-intent broker for the KV cache of LLM inference servers")
+    parser: argparse.ArgumentParser = OneLineParser(
+        prog="kvbroker", description="gRPC memory-intent broker for the KV cache of LLM inference servers"
+    )
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("serve", help="run the broker")
     p.add_argument("--config", help="TOML config file (defaults: HBM/DRAM/NVMe tiers, lru, file journal)")
     p.add_argument("--listen", help="HOST:PORT to listen on (overrides broker.listen; port 0 picks a free one)")
-    p.add_argument("--journal", help="redis://HOST:PORT/DB, file://PATH or none (overrides journal.url)")
+    p.add_argument(
+        "--journal", help="file://PATH (or a plain path), redis://HOST:PORT/DB, redis+cluster://HOST:PORT or none (overrides journal.url)"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", choices=["text", "json"], help="text, or one JSON object per line (overrides telemetry.log_format)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port; 0 = off (overrides telemetry.prometheus_port)")
+    p.add_argument(
+        "--metrics-port", type=port_number, help="serve Prometheus /metrics on this port; 0 = off (overrides telemetry.prometheus_port)"
+    )
     p.add_argument("--metrics-host", help="address /metrics binds to (overrides telemetry.prometheus_host; default 127.0.0.1)")
     p.add_argument("--otlp-endpoint", help="OTLP collector, e.g. http://otel-collector:4317 (overrides telemetry.otlp_endpoint)")
     p.add_argument("--traces", action=argparse.BooleanOptionalAction, default=None, help="a span per batch over OTLP (telemetry.traces)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("status", help="show a running broker's policy, tiers and counters")
-    p.add_argument("--target", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--target", required=True, type=host_port, help="HOST:PORT of the broker")
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="seconds to wait for the broker's answer (default 5)")
     _security_flags(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("ab", help="the primary policy and its shadows (or the split arms) side by side, from a running broker")
-    p.add_argument("--target", required=True, help="HOST:PORT of the broker")
+    p.add_argument("--target", required=True, type=host_port, help="HOST:PORT of the broker")
     p.add_argument("--json", action="store_true", help="one JSON object: config_generation and arms")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="seconds to wait for the broker's answer (default 5)")
     _security_flags(p)
     p.set_defaults(func=cmd_ab)
 
@@ -593,7 +748,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvme", help="third tier capacities to sweep")
     p.add_argument("--param", action="append", metavar="POLICY.KEY=V1,V2", help="sweep a policy parameter over values (repeat per key)")
     p.add_argument(
-        "--jobs", type=int, default=0, help="processes (default: one per job, up to the CPU count); with --ray: CPUs of the local Ray"
+        "--jobs",
+        type=non_negative_int,
+        default=0,
+        help="processes (default: one per job, up to the CPU count); with --ray: CPUs of the local Ray",
     )
     p.add_argument(
         "--ray",
@@ -606,20 +764,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
     p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
-    p.add_argument("--progress", action="store_true", help="always draw the progress bar on stderr (default: when it is a terminal)")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal, as plain lines (on a terminal it is shown anyway: "
+        "a bar per job, or one overall bar when jobs run in parallel)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
         help='a JSON array, one record per (source, policy, parameters, capacity); a fleet total row has source "fleet"',
     )
     p.add_argument("--csv", metavar="PATH", help="also write the records as CSV (- for stdout)")
-    p.add_argument("--plot", metavar="DIR", help="write PNG plots (hit rate by size, latency CDF, bytes moved) to DIR")
+    p.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write PNG plots to DIR: hit rate and prefix hit rate by size, latency CDF, bytes moved "
+        "(a chart with nothing to show is left out)",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("import", help="convert a trace into a journal file that replay reads")
     _trace_flags(p, required=True)
-    p.add_argument("--out", required=True, help="file://PATH of the journal to write")
-    p.add_argument("--config", help="config to record in the journal (the tiers replay will use)")
+    p.add_argument("--out", required=True, help="file://PATH (or a plain path) of the journal to write")
+    p.add_argument(
+        "--config",
+        help="config to record in the journal, the tiers replay will use (default: those replay --trace uses: a profile's own, "
+        "or the hbm/dram/nvme defaults)",
+    )
     p.set_defaults(func=cmd_import)
 
     p = sub.add_parser("repair", help="keep every intact record of a damaged file journal (the broker stopped); report what is cut")
@@ -637,19 +809,21 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bridge.add_parser(sub)
 
     p = sub.add_parser("policies", help="list the policies with their parameters")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="a JSON array: name, description, offline, params")
     p.set_defaults(func=cmd_policies)
 
     p = sub.add_parser("demo", help="broker + demo workload over real gRPC, then a replay comparison table")
-    p.add_argument("--requests", type=int, default=40)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--requests", type=positive_int, default=40, help="requests of the demo workload (default 40)")
+    p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     p.add_argument("--keep", metavar="DIR", help="keep the journal in DIR instead of a temporary directory")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="throughput, batch round trips, CPU and RSS of a real broker against an echo ceiling")
-    p.add_argument("--target", metavar="HOST:PORT", help="drive this running broker instead of starting one per configuration")
-    p.add_argument("--events", type=int, help="events per run, over all streams (default 400000; --quick 60000)")
-    p.add_argument("--seconds", type=float, help="longest sending time of one run (default 5; --quick 1)")
+    p.add_argument(
+        "--target", metavar="HOST:PORT", type=host_port, help="drive this running broker instead of starting one per configuration"
+    )
+    p.add_argument("--events", type=positive_int, help="events per run, over all streams (default 400000; --quick 60000)")
+    p.add_argument("--seconds", type=positive_float, help="longest sending time of one run (default 5; --quick 1)")
     p.add_argument("--quick", action="store_true", help="under a minute: batches 64,256, 4 streams, journals none,redis, 1 s runs")
     p.add_argument("--json", action="store_true", help="one JSON record per line: per configuration, then per memory size")
     p.add_argument("--batches", help="comma-separated batch sizes (default 1,64,256)")
@@ -657,7 +831,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--journals", help="comma-separated: none, file, redis (default all three)")
     p.add_argument("--policy", default="deadline_edf", help="policy of the brokers started (default deadline_edf)")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis of the redis journal (a fresh stream, deleted after)")
-    p.add_argument("--window", type=int, default=0, help="batches in flight per stream (default 0: 2048/batch, within 4..64)")
+    p.add_argument("--window", type=non_negative_int, default=0, help="batches in flight per stream (default 0: 2048/batch, within 4..64)")
     p.add_argument("--seed", type=int, default=1, help="workload seed")
     p.add_argument(
         "--prefix-cache",
@@ -685,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
     except JournalError as exc:  # e.g. serve: a cluster stream key without a hash tag
         print(f"kvbroker {args.verb}: journal: {exc}", file=sys.stderr)
         return 2
+    except BadInput as exc:
+        return say(args.verb, exc)
 
 
 if __name__ == "__main__":

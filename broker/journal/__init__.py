@@ -87,9 +87,19 @@ def open_journal(
             fsync=fsync,
             timeout_s=redis_timeout_s,
         )
-    if url.startswith("file://"):
+    if is_file_url(url):
         return FileJournal(file_path(url), fsync=fsync, max_group=max_group)
-    raise JournalError(f"journal URL {redact(url)!r}: expected file://PATH, redis://HOST:PORT/DB, redis+cluster://HOST:PORT or none")
+    raise JournalError(unknown_scheme(url))
+
+
+def is_file_url(url: str) -> bool:
+    """``file://PATH``, or a bare path (no scheme): what replay, import and repair took, and
+    so serve takes too."""
+    return url.startswith("file://") or "://" not in url
+
+
+def unknown_scheme(url: str) -> str:
+    return f"journal URL {redact(url)!r}: expected file://PATH (or a path), redis://HOST:PORT/DB, redis+cluster://HOST:PORT or none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,4 +169,6 @@ class JournalSource:
 def open_source(url: str, stream: str | None = None) -> JournalSource:
     if url == "none":
         raise JournalError("journal 'none' keeps nothing to replay")
+    if not is_redis_url(url) and not is_file_url(url):
+        raise JournalError(unknown_scheme(url))
     return JournalSource(url, stream)

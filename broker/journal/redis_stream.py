@@ -333,8 +333,13 @@ def read_redis_records(url: str, key: str, *, chunk: int = 5000) -> Iterator[Jou
 
 
 def stream_exists(url: str, key: str) -> bool:
-    client = sync_client(url, socket_timeout=10)
+    """Whether the stream is there; a Redis that does not answer is a JournalError that says
+    so (replay and a broker's recovery cannot go on without it)."""
     try:
-        return bool(client.exists(key))
-    finally:
-        client.close()
+        client = sync_client(url, socket_timeout=10)
+        try:
+            return bool(client.exists(key))
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise JournalError(f"cannot reach Redis at {redact(url)}: {exc}") from None

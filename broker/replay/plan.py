@@ -43,7 +43,9 @@ def plan_jobs(sources: list[PlannedSource], spec: SweepSpec) -> list[Job]:
         base = planned.base
         for c_index, combo in enumerate(spec.combos):
             if combo and max(combo) >= len(base.tiers):
-                raise ConfigError(f"the config of {planned.source.label} has {len(base.tiers)} tier(s); cannot size tier {max(combo) + 1}")
+                flag = ("--hbm", "--dram", "--nvme")[max(combo)]
+                count = len(base.tiers)
+                raise ConfigError(f"{flag}: the config of {planned.source.label} has {count} tier(s); cannot size tier {max(combo) + 1}")
             tiers = tuple(dataclasses.replace(t, capacity_bytes=combo.get(i, t.capacity_bytes)) for i, t in enumerate(base.tiers))
             config = dataclasses.replace(base, tiers=tiers, quant=spec.quant or base.quant)
             live = planned.live_policy

@@ -22,6 +22,7 @@ from broker.model.arms import Driving
 from broker.model.core import Directive
 from broker.model.stats import merged
 from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, read_batch
+from broker.replay import progress as sweep_progress
 from broker.service.broker_service import directive_to_pb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -169,6 +170,9 @@ def replay(
     n_batches = n_events = n_directives = 0
     started = time.perf_counter()
     bar = ProgressBar(driving.policy_name, total_batches) if progress else None
+    # In a worker of a parallel sweep: events go to the sweep's shared counter (its progress).
+    counted = sweep_progress.counting()
+    reported = 0
     for generation, batch in batches():
         if isinstance(batch, CoreConfig):
             driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
@@ -182,8 +186,12 @@ def replay(
         n_directives += len(outcome.directives)
         if sink is not None:
             sink.extend(outcome.directives)
-        if bar is not None and n_batches % 16 == 0:
-            bar.show(n_batches, n_events)
+        if n_batches % 16 == 0:
+            if bar is not None:
+                bar.show(n_batches, n_events)
+            if counted:
+                sweep_progress.add_events(n_events - reported)
+                reported = n_events
         if expect is not None and outcome.directives:
             got = [directive_to_pb(d) for d in outcome.directives]
             want_record = next(expect, None)
@@ -199,6 +207,8 @@ def replay(
             mismatches += extra
             first = first or f"journal holds {extra} directives the replay never produced"
     seconds = time.perf_counter() - started
+    if counted:
+        sweep_progress.add_events(n_events - reported)
     if bar is not None:
         bar.done(n_batches, n_events)
     tier_names = [t.name for t in driving.core.tiers]

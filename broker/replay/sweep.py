@@ -20,6 +20,7 @@ from broker.journal import JournalSource
 from broker.journal.redis_stream import redact
 from broker.journal.redis_urls import is_redis_url, sync_client
 from broker.replay.preread import SourceData
+from broker.replay.progress import SweepProgress, count_into
 from broker.replay.replay import BatchSource, journal_batches, replay
 from broker.replay.traces import SkipCounter, TraceOptions, read_trace
 from policies.base import PolicyError
@@ -170,7 +171,9 @@ def count_batches(source: Source) -> int | None:
 
 def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = None, progress: bool | None = None) -> list[dict[str, Any]]:
     """Run jobs, in processes when ``workers`` > 1; records come back in job order.
-    ``progress``: draw a progress bar for each job run here (default: stderr is a terminal)."""
+    ``progress`` (default: stderr is a terminal): run one by one, a bar per job; in
+    processes, the sweep's overall progress (broker.replay.progress: a bar on a terminal,
+    plain lines elsewhere). Without it, a line as each job ends."""
     log = log or (lambda line: print(line, file=sys.stderr))
     if progress is None:
         progress = sys.stderr.isatty()
@@ -181,13 +184,35 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
             records.append(run_job(job, progress=progress))
             log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
         return records
+    context = multiprocessing.get_context("spawn")
+    counter = context.Value("q", 0)  # events replayed by every worker so far
+    overall = SweepProgress([job.source.label for job in jobs]) if progress else None
     out: list[dict[str, Any] | None] = [None] * len(jobs)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=count_into, initargs=(counter,))
+    try:
         futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
-        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
-            i = futures[future]
-            out[i] = future.result()
-            log(f"[{done}/{len(jobs)}] {job_label(jobs[i])} done in {out[i]['seconds']:.1f}s")  # type: ignore[index]
+        pending = set(futures)
+        done = 0
+        while pending:
+            finished, pending = concurrent.futures.wait(pending, timeout=0.5, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                i = futures[future]
+                out[i] = record = future.result()  # a job's error (bad trace line) is raised here
+                done += 1
+                if overall is not None:
+                    overall.job_done(i, record, counter.value, job_label(jobs[i]))
+                else:
+                    log(f"[{done}/{len(jobs)}] {job_label(jobs[i])} done in {record['seconds']:.1f}s")
+            if overall is not None:
+                overall.update(counter.value)
+    except BaseException:
+        # One job failed (or ^C): the jobs not started are dropped; the error is the answer.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        if overall is not None:
+            overall.close()
+        pool.shutdown(wait=True)
     return [r for r in out if r is not None]
 
 

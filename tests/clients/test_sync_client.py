@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import socket
 import time
 
@@ -178,3 +179,26 @@ async def test_hooks_send_phase_deadline_priority_and_drafts_for_the_bridges_blo
         await asyncio.to_thread(bridge.close, 5)
         await asyncio.to_thread(hooks_client.close, 5)
         await broker.stop(grace=1)
+
+
+async def test_a_clean_close_logs_no_warning(running_broker: RunningBroker, caplog: pytest.LogCaptureFixture) -> None:
+    """Everything answered, nothing pending: close() returns True and says nothing (it used
+    to log "closing without every answer (TimeoutError)" on every close)."""
+    client = SyncBrokerClient(f"127.0.0.1:{running_broker.port}", "engine", call_timeout_s=10, max_batch_events=5)
+    assert await asyncio.to_thread(client.wait_connected, 5)
+    for i in range(12):
+        client.allocate(f"b{i}", 10, ts_us=i)
+    await asyncio.to_thread(client.flush, 10)
+    with caplog.at_level(logging.WARNING):
+        assert await asyncio.to_thread(client.close, 5) is True
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert len(running_broker.service.core.blocks) == 12
+
+
+async def test_a_close_with_events_it_cannot_deliver_still_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """The warning stays for what it is for: events that never reached a broker."""
+    client = SyncBrokerClient(f"127.0.0.1:{free_port()}", "engine", call_timeout_s=0.3, backoff_max_s=0.05)
+    client.allocate("b0", 10, ts_us=0)
+    with caplog.at_level(logging.WARNING):
+        assert await asyncio.to_thread(client.close, 0.3) is False
+    assert any("closing without every answer" in r.getMessage() or "unanswered" in r.getMessage() for r in caplog.records)

@@ -638,9 +638,10 @@ async def test_the_command_refuses_bad_arguments() -> None:
         timeout=30,
     )
     assert done.returncode == 2 and "unknown model 'no-such-model'" in done.stderr
+    well_formed = ["--events", "tcp://127.0.0.1:1", "--broker", "127.0.0.1:1"]  # checked first
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-c", CLI, "vllm-bridge", "--events", "x", "--broker", "b", "--model", "llama-3-8b", "--tier-map", "GPU"],
+        [sys.executable, "-c", CLI, "vllm-bridge", *well_formed, "--model", "llama-3-8b", "--tier-map", "GPU"],
         capture_output=True,
         text=True,
         cwd=ROOT,

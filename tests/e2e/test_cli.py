@@ -143,3 +143,37 @@ def test_sigint_stops_serve_gracefully_too(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGINT)
     proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_serve_takes_a_plain_journal_path_as_replay_and_import_do(tmp_path: Path) -> None:
+    path = tmp_path / "plain.journal"
+    proc, port = start_serve(tmp_path, "--journal", str(path))
+    try:
+        drive(port, 12)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    assert len(list(JournalSource(str(path)).batches())) == 2  # 12 allocations, 10 a batch
+    replay = kvbroker("replay", "--journal", str(path), "--policy", "lru", "--verify", "--json")
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout)[0]["verified"] is True
+
+
+def test_a_journal_imported_without_config_replays_as_the_trace_does(tmp_path: Path) -> None:
+    """import records the tiers `replay --trace` uses, so `replay --journal` needs no --config
+    and decides exactly what the replay of the trace decides."""
+    trace = tmp_path / "trace.jsonl"
+    with (Path(__file__).parents[1] / "data" / "mooncake" / "synthetic_trace.jsonl").open() as f:
+        trace.write_text("".join(next(f) for _ in range(40)))
+    journal = f"file://{tmp_path}/imported.journal"
+    made = kvbroker("import", "--trace", str(trace), "--format", "mooncake", "--out", journal)
+    assert made.returncode == 0, made.stderr
+    from_journal = kvbroker("replay", "--journal", journal, "--policies", "lru,fifo", "--hbm", "2GiB", "--json")
+    assert from_journal.returncode == 0, from_journal.stderr
+    from_trace = kvbroker("replay", "--trace", str(trace), "--format", "mooncake", "--policies", "lru,fifo", "--hbm", "2GiB", "--json")
+    assert from_trace.returncode == 0, from_trace.stderr
+    keys = ("policy", "events", "accesses", "hit_rate", "evictions", "demotions", "bytes_moved", "capacity_bytes")
+    got = [{k: r[k] for k in keys} for r in json.loads(from_journal.stdout)]
+    want = [{k: r[k] for k in keys} for r in json.loads(from_trace.stdout)]
+    assert got == want and got[0]["events"] > 0 and got[0]["evictions"] + got[0]["demotions"] > 0

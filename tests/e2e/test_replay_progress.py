@@ -1,14 +1,21 @@
-"""`kvbroker replay --progress`: a bar that ends full on a journal, a count on a trace."""
+"""`kvbroker replay --progress`: a bar that ends full on a journal, a count on a trace; a
+parallel sweep's overall progress, a bar on a terminal and plain lines elsewhere."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import pty
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from tqdm import tqdm
+
+from broker.replay.progress import SweepProgress
 from broker.replay.replay import ProgressBar
 
 KVBROKER = Path(sys.executable).parent / "kvbroker"
@@ -49,3 +56,74 @@ def test_replay_of_a_journal_draws_a_bar_to_100_percent(tmp_path: Path) -> None:
     assert re.search(r"lru: \[#{30}\] 100% [\d,]+ events", final[-1]), final[-1]
     events = int(re.search(r"\] 100% ([\d,]+) events", final[-1]).group(1).replace(",", ""))  # type: ignore[union-attr]
     assert events == json.loads(done.stdout)[0]["events"] > 0
+
+
+def test_a_sweeps_progress_counts_jobs_and_events_and_estimates_what_is_left() -> None:
+    """Two sources, two jobs each; the total is known per source once one of its jobs ended,
+    and a source not yet seen counts as the mean of those seen."""
+    out = io.StringIO()
+    now = [0.0]
+    progress = SweepProgress(["a", "a", "b", "b"], stream=out, tty=False, interval=10.0, clock=lambda: now[0])
+    now[0] = 2.0
+    progress.update(600)
+    assert out.getvalue() == ""  # within the interval: no line yet
+    assert progress.eta(now[0]) is None and progress.total_events() is None
+    now[0] = 3.0
+    progress.job_done(0, {"events": 1000, "seconds": 2.9}, 1500, "lru on a")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[1/4] lru on a done in 2.9s"
+    # total 4 x 1000 events; 1500 done at 500 events/s: 5 s left.
+    assert lines[1] == "replay: 1/4 jobs done, 1,500 events, 500 events/s, 3s elapsed, ETA 5s"
+    now[0] = 13.5
+    progress.update(6000)
+    assert out.getvalue().splitlines()[-1].startswith("replay: 1/4 jobs done, 6,000 events")  # the periodic line
+    now[0] = 14.0
+    progress.job_done(2, {"events": 3000, "seconds": 5.0}, 8000, "lru on b")
+    assert progress.total_events() == 2 * 1000 + 2 * 3000
+
+
+def replay_two_policies(*extra: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    trace = Path(__file__).parents[1] / "data" / "mooncake" / "synthetic_trace.jsonl"
+    args = ["replay", "--trace", str(trace), "--format", "mooncake", "--no-decode", "--hbm", "1000000tok", "--policies", "lru,fifo"]
+    return subprocess.Popen(
+        [str(KVBROKER), *args, "--jobs", "2", "--json", *extra],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def test_a_parallel_sweep_with_progress_off_a_terminal_writes_plain_lines() -> None:
+    proc = replay_two_policies("--progress")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert "\r" not in stderr  # a log stays readable: no bar redrawn in place
+    events = sum(r["events"] for r in json.loads(stdout))
+    overall = [line for line in stderr.splitlines() if line.startswith("replay: ")]
+    assert overall and overall[-1].startswith(f"replay: 2/2 jobs done, {events:,} events, ")
+    assert re.search(r", [\d,]+ events/s, [\d,]+s elapsed, ETA 0s$", overall[-1]), overall[-1]
+
+
+def test_a_parallel_sweep_on_a_terminal_draws_one_overall_bar() -> None:
+    primary, secondary = pty.openpty()
+    proc = replay_two_policies(stderr=secondary)  # no --progress: a terminal is enough
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    stdout, _ = proc.communicate(timeout=300)
+    os.close(primary)
+    assert proc.returncode == 0
+    drawn = seen.decode(errors="replace")
+    events = sum(r["events"] for r in json.loads(stdout))
+    assert "replay 2/2 jobs: 100%" in drawn, drawn[-2000:]
+    assert "events/s" in drawn and "\r" in drawn  # redrawn in place
+    total = tqdm.format_sizeof(events)  # as the bar writes it (unit_scale: 252k)
+    assert f"| {total}/{total} [" in drawn, drawn[-500:]

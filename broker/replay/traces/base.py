@@ -21,6 +21,11 @@ class TraceError(ValueError):
         self.field = field
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, int, str, str]]:
+        # A replay job's error crosses from its worker process to the CLI by pickle, which by
+        # default calls __init__ with the message alone (and the pool breaks on the TypeError).
+        return (type(self), (self.path, self.line, self.field, self.reason))
+
 
 @dataclasses.dataclass
 class SkipCounter:
