@@ -6,6 +6,8 @@
 - ``embedded``: the deterministic core in vLLM's process, and its journal thread.
 - ``translate``: vLLM's calls as events, and the decider seam (embedded or sidecar).
 - ``vllm_policy``: the class vLLM loads (imports vLLM).
+- ``sidecar``, ``sidecar_setup``, ``link``, ``latency``: sidecar mode (a ``kvbroker serve``
+  decides under a hard bound; imported only in that mode: it brings gRPC in).
 
 This room imports the core, the journal, the config, policies and clients, never the
 server (broker.service) nor gRPC: loading the policy into vLLM must not start or import a

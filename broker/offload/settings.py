@@ -63,6 +63,9 @@ class OffloadSettings:
     deadline_ms: float = 5.0
     # Sidecar mode: the local policy used when the broker is slow or down ("" = ``policy``).
     fallback_policy: str = ""
+    # Sidecar mode: the broker's tier this rank's chunks live in ("" = the broker's top tier;
+    # "{rank}" replaced): a tier per data-parallel rank (broker/offload/sidecar.py).
+    broker_tier: str = ""
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -88,6 +91,9 @@ class OffloadSettings:
 
     def resolved_client_id(self) -> str:
         return self._placeholders(self.client_id)
+
+    def resolved_broker_tier(self) -> str:
+        return self._placeholders(self.broker_tier)
 
 
 def _text(value: Any, where: str) -> str:
@@ -154,6 +160,7 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "broker": _text,
     "deadline_ms": _number,
     "fallback_policy": _text,
+    "broker_tier": _text,
 }
 
 

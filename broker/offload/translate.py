@@ -132,6 +132,8 @@ class Translator:
         self.held: set[Any] = set()
         self.stats = TranslatorStats()
         self._buffer: list[bytes] = []
+        # Sidecar mode sets it lower: the broker should have the calls before it is asked.
+        self.flush_events = FLUSH_EVENTS
         self._ts_ms = -1
         self._ts = b""
         self._applied_ms = -1
@@ -159,7 +161,7 @@ class Translator:
     def record(self, event: bytes) -> None:
         buffer = self._buffer
         buffer.append(event)
-        if len(buffer) >= FLUSH_EVENTS:
+        if len(buffer) >= self.flush_events:
             self.apply()
 
     def apply(self, last: bytes | None = None) -> Any:

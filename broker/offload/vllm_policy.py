@@ -75,7 +75,7 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     if settings.mode == "embedded":
         return None
     try:
-        from broker.offload import sidecar  # type: ignore[attr-defined]
+        from broker.offload import sidecar  # imported only here: it brings gRPC in
     except ImportError as exc:
         raise SettingsError(f"kvbroker_mode: sidecar mode is not available in this build ({exc})") from None
     decider: Decider = sidecar.make_decider(settings, local, translator)
@@ -89,7 +89,9 @@ class KvbrokerCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         found, rank = vllm_context()
         self.settings = load_settings(extra_config if extra_config is not None else found, rank=rank)
-        self.local = EmbeddedCore(self.settings, cache_capacity)
+        # Sidecar mode: the embedded core is the broker's local fallback (and mirror).
+        fallback = self.settings.fallback_policy if self.settings.mode == "sidecar" else ""
+        self.local = EmbeddedCore(self.settings, cache_capacity, policy=fallback or None)
         self.translator = translator = Translator(self.local, tenant=self.settings.tenant)
         decider = make_decider(self.settings, self.local, translator)
         if decider is not None:
@@ -171,6 +173,10 @@ class KvbrokerCachePolicy(CachePolicy):
         self.translator.flush()
 
     def close(self) -> None:
-        """Apply what is buffered, write the journal, stop its thread (idempotent)."""
+        """Apply what is buffered, write the journal, stop its thread (idempotent); in
+        sidecar mode also forward what is held back and close the link to the broker."""
         self.translator.apply()
+        close_decider = getattr(self.translator.decider, "close", None)
+        if close_decider is not None:
+            close_decider()
         self.local.close()
