@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     seq, block_bytes = block_sequence(batches)
     rows: list[dict[str, Any]] = []
     for text in args.sizes.split(","):
-        capacity = parse_capacity(text, TraceOptions.bytes_per_token, "--sizes")
-        blocks = capacity // block_bytes
+        # Both sides get the same cache: whole blocks (the tier can hold no more anyway, but
+        # ARC's and S3-FIFO's targets are fractions of the capacity, and libCacheSim's are
+        # fractions of its object count).
+        blocks = parse_capacity(text, TraceOptions.bytes_per_token, "--sizes") // block_bytes
+        capacity = blocks * block_bytes
         started = time.perf_counter()
         belady = libcachesim_hits("Belady", seq, blocks)
         found: list[dict[str, Any]] = []

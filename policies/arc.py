@@ -9,6 +9,9 @@ from typing import Any
 
 from policies.base import Block, Policy, PolicyContext
 
+# What the block the core is making room for is, to ARC.
+MISS, IN_B1, IN_B2 = 0, 1, 2
+
 
 def _unprotected(blocks: Iterator[Block], protected: AbstractSet[str]) -> Iterator[Block]:
     return (b for b in blocks if b.block_id not in protected)
@@ -22,27 +25,36 @@ class ARCPolicy(Policy):
         T2: resident blocks seen at least twice, or brought back from a ghost list.
         B1: ghosts (id -> size) of blocks evicted from T1.
         B2: ghosts (id -> size) of blocks evicted from T2.
-        p:  the adaptive target for T1's bytes, in [0, c], c = the tier's capacity.
+        p:  the adaptive target for T1's bytes, in [0, c], c = the tier's capacity (a
+            float: the paper's p is real, and libCacheSim keeps it as a double).
 
-    1. ``insert``: a B1 ghost hit means T1 was too small: p grows by the block's size times
-       max(1, |B2| / |B1|) and the block joins T2. A B2 ghost hit shrinks p symmetrically
-       and the block joins T2. Otherwise it joins T1.
-    2. ``access``: the block moves to the newest end of T2 (from T1 or within T2).
-    3. ``choose_victims`` (REPLACE, read-only): take the oldest unprotected block of T1
-       while T1's remaining bytes exceed p, else of T2; when one list has nothing left to
-       give, the other. T1's bytes are counted down as its victims are taken, so the plan
-       is what REPLACE would do victim after victim.
-    4. ``evicted``: a victim from T1 becomes the newest ghost of B1, from T2 of B2. Only
-       here: a block that leaves by ``remove`` (freed, pinned, moved up by a read) was not
-       judged by ARC, so it must not steer p.
-    5. Ghost bounds, kept after every insert and eviction: |T1| + |B1| <= c (oldest of B1
-       dropped) and |B1| + |B2| <= c (oldest of B2 dropped first, as in ARC's case IV),
-       so history never holds more bytes than the tier.
+    The paper's cases, for a request of block x (``incoming`` tells ARC which block the
+    core is about to make room for, before ``choose_victims``):
+      I    x in T1 or T2 (``access``): x moves to T2's newest end.
+      II   x in B1: p grows by x's size times max(1, |B2| / |B1|) (|B1| counting x), at
+           most c; then REPLACE makes room; x joins T2.
+      III  x in B2: p shrinks by x's size times max(1, |B1| / |B2|), at least 0; REPLACE;
+           x joins T2.
+      IV   x nowhere: for each victim, (A) if |T1| + |B1| + |x| > c, B1's oldest ghost is
+           dropped and REPLACE runs, or, with B1 empty, T1's oldest leaves with no ghost;
+           (B) otherwise, if |T1| + |T2| + |B1| + |B2| >= 2c, B2's oldest ghost is dropped,
+           and REPLACE runs. x joins T1.
+    REPLACE: the oldest (unprotected) block of T1 leaves, its ghost the newest of B1, if
+    T1 is not empty and (|T1| > p, or |T1| = p and x is in B2), or if T2 has none to give;
+    else T2's oldest, its ghost the newest of B2. The adaptation of p (II, III) comes
+    before REPLACE, as in the paper: ``choose_victims`` reads the p the incoming block
+    will set, and the first ``evicted`` (or ``insert``, if nothing had to leave) sets it.
 
-    Deviations from the paper, both forced by the interface: REPLACE's tie rule (take from
-    T1 when the incoming block is a B2 ghost and |T1| = p) is dropped, since the incoming
-    block is not known when victims are chosen and byte counts rarely tie; and ARC's own
-    cache-size bound is the core's capacity check, not the lists' lengths.
+    ``choose_victims`` changes nothing; ``evicted`` applies the case for each victim. A
+    block that leaves by ``remove`` (freed, pinned, moved up by a read) was not judged by
+    ARC, so it leaves no ghost. With uniform block sizes this is libCacheSim's ARC (object
+    size 1) decision for decision: ``tests/policies/test_libcachesim.py`` checks it on the
+    Mooncake trace. In bytes, the step of p is the block's size times the ghost ratio (one
+    block's worth, as in the paper's pages); libCacheSim counting bytes would move p by one
+    byte. Ghosts hold at most 2c bytes (a bound the cases keep by themselves with uniform
+    sizes; it only bites with mixed sizes, oldest of B2 first). Without ``incoming`` (an
+    old core, or a test driving the policy by hand) every request counts as case IV until
+    ``insert`` finds x among the ghosts, which is what kvbroker's ARC did before.
     """
 
     name = "arc"
@@ -59,27 +71,62 @@ class ARCPolicy(Policy):
         self._t2_bytes = 0
         self._b1_bytes = 0
         self._b2_bytes = 0
-        self.p = 0
+        self.p = 0.0
+        # The block the core is making room for (``incoming``), and the one whose ghost
+        # hit was already applied by an eviction (it joins T2 when inserted).
+        self._arriving: Block | None = None
+        self._ghost_hit = ""
+
+    # ---- the request's case --------------------------------------------------------------
+
+    def incoming(self, block: Block) -> None:
+        self._arriving = block
+        self._ghost_hit = ""
+
+    def _case(self) -> int:
+        """What the arriving block is: in B1, in B2 (not yet applied) or a miss."""
+        arriving = self._arriving
+        if arriving is None:
+            return MISS
+        bid = arriving.block_id
+        if bid in self._b1:
+            return IN_B1
+        if bid in self._b2:
+            return IN_B2
+        return MISS
+
+    def _adapted(self, case: int, size: int) -> float:
+        """p after the ghost hit of a block of ``size`` bytes (case II or III)."""
+        if case == IN_B1:
+            return min(float(self._c), self.p + size * max(self._b2_bytes / self._b1_bytes, 1.0))
+        return max(0.0, self.p - size * max(self._b1_bytes / self._b2_bytes, 1.0))
+
+    def _apply_ghost_hit(self, block: Block) -> bool:
+        """Cases II and III for ``block`` if it is a ghost: adapt p, forget the ghost."""
+        bid = block.block_id
+        case = IN_B1 if bid in self._b1 else IN_B2 if bid in self._b2 else MISS
+        if case == MISS:
+            return False
+        self.p = self._adapted(case, block.size)
+        if case == IN_B1:
+            self._b1_bytes -= self._b1.pop(bid)
+        else:
+            self._b2_bytes -= self._b2.pop(bid)
+        self._ghost_hit = bid
+        return True
+
+    # ---- events --------------------------------------------------------------------------
 
     def insert(self, block: Block) -> None:
         bid, size = block.block_id, block.size
-        if bid in self._b1:
-            # Integer arithmetic keeps p exact and replay bit-identical.
-            delta = size if self._b1_bytes >= self._b2_bytes else size * self._b2_bytes // max(1, self._b1_bytes)
-            self.p = min(self._c, self.p + delta)
-            self._b1_bytes -= self._b1.pop(bid)
-            self._t2[bid] = block
-            self._t2_bytes += size
-        elif bid in self._b2:
-            delta = size if self._b2_bytes >= self._b1_bytes else size * self._b1_bytes // max(1, self._b2_bytes)
-            self.p = max(0, self.p - delta)
-            self._b2_bytes -= self._b2.pop(bid)
+        if self._apply_ghost_hit(block) or self._ghost_hit == bid:
             self._t2[bid] = block
             self._t2_bytes += size
         else:
             self._t1[bid] = block
             self._t1_bytes += size
-        self._trim_ghosts()
+        self._ghost_hit = ""
+        self._arriving = None
 
     def access(self, block: Block) -> None:
         bid = block.block_id
@@ -108,45 +155,88 @@ class ARCPolicy(Policy):
         self._pop_resident(block)
 
     def evicted(self, block: Block) -> None:
+        arriving = self._arriving
+        ghost_hit = arriving is not None and (self._apply_ghost_hit(arriving) or self._ghost_hit == arriving.block_id)
+        keep_ghost = True
+        if not ghost_hit:
+            # Case IV: make the history room the paper's way before the victim joins it.
+            incoming = arriving.size if arriving is not None else 0
+            if self._t1_bytes + self._b1_bytes + incoming > self._c:
+                if self._b1:
+                    self._b1_bytes -= self._b1.popitem(last=False)[1]
+                else:
+                    keep_ghost = False  # T1 alone fills the cache: its oldest leaves no ghost
+            elif self._b2 and self._t1_bytes + self._t2_bytes + self._b1_bytes + self._b2_bytes >= 2 * self._c:
+                self._b2_bytes -= self._b2.popitem(last=False)[1]
         was_t1, size = self._pop_resident(block)
+        if not keep_ghost:
+            return
         if was_t1:
             self._b1[block.block_id] = size
             self._b1_bytes += size
         else:
             self._b2[block.block_id] = size
             self._b2_bytes += size
-        self._trim_ghosts()
-
-    def _trim_ghosts(self) -> None:
-        while self._b1 and self._t1_bytes + self._b1_bytes > self._c:
-            self._b1_bytes -= self._b1.popitem(last=False)[1]
-        while self._b1_bytes + self._b2_bytes > self._c:
+        while self._b1_bytes + self._b2_bytes > 2 * self._c:
             if self._b2:
                 self._b2_bytes -= self._b2.popitem(last=False)[1]
             else:
                 self._b1_bytes -= self._b1.popitem(last=False)[1]
 
+    # ---- victims -------------------------------------------------------------------------
+
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+        """The victims ``evicted`` will apply the cases to, one after another, on counters
+        that follow what each eviction does to T1, T2 and B1 (nothing changes here)."""
         victims: list[Block] = []
         if bytes_needed <= 0:
             return victims
+        arriving = self._arriving
+        case = self._case()
+        p = self.p if case == MISS or arriving is None else self._adapted(case, arriving.size)
+        incoming = arriving.size if arriving is not None else 0
+        c = self._c
+        t1, b1 = self._t1_bytes, self._b1_bytes
+        # B1's ghosts oldest first (case IV.A drops them), then those this plan adds.
+        b1_old = iter(self._b1.values())
+        b1_new: list[int] = []
+        b1_new_at = 0
         from_t1 = _unprotected(iter(self._t1.values()), protected)
         from_t2 = _unprotected(iter(self._t2.values()), protected)
         next1 = next(from_t1, None)
         next2 = next(from_t2, None)
-        t1_bytes = self._t1_bytes
         got = 0
         while got < bytes_needed:
-            if next1 is not None and (t1_bytes > self.p or next2 is None):
-                victim, next1 = next1, next(from_t1, None)
-                t1_bytes -= victim.size
-            elif next2 is not None:
-                victim, next2 = next2, next(from_t2, None)
-            else:
+            if next1 is None and next2 is None:
                 return None
+            ghost = True
+            if case == MISS and t1 + b1 + incoming > c:
+                if b1 > 0:  # IV.A: B1's oldest ghost is dropped, then REPLACE
+                    dropped = next(b1_old, None)
+                    if dropped is None:
+                        dropped = b1_new[b1_new_at]
+                        b1_new_at += 1
+                    b1 -= dropped
+                    from_t1_now = t1 > 0 and t1 > p
+                else:  # IV.A with B1 empty: T1's oldest leaves, no ghost
+                    from_t1_now = True
+                    ghost = False
+            else:
+                from_t1_now = t1 > 0 and (t1 > p or (t1 == p and case == IN_B2))
+            if next1 is not None and (from_t1_now or next2 is None):
+                victim, next1 = next1, next(from_t1, None)
+                t1 -= victim.size
+                if ghost:
+                    b1 += victim.size
+                    b1_new.append(victim.size)
+            else:
+                assert next2 is not None
+                victim, next2 = next2, next(from_t2, None)
             victims.append(victim)
             got += victim.size
         return victims
+
+    # ---- queries -------------------------------------------------------------------------
 
     def list_of(self, block_id: str) -> str | None:
         """Which list holds ``block_id``: "T1", "T2", "B1", "B2" (ghosts) or None."""

@@ -14,6 +14,11 @@ Contract, as the core calls it:
 - ``update(block)``: the block's intent (phase, priority, deadline, ...) changed.
 - ``remove(block)``: the block left without being chosen (freed, pinned, moved by an access
   or an ack). Removing a block the policy does not hold raises ``PolicyError``.
+- ``incoming(block)`` (optional): the core is about to make room in this tier for
+  ``block`` (allocated, reloaded, prefetched, demoted into it); called just before
+  ``choose_victims``, only when something must leave. A policy whose choice depends on
+  what arrives (ARC: a ghost hit moves its target before REPLACE) notes it; it changes
+  nothing that the next ``insert`` would not (the room may still not be made).
 - ``choose_victims(bytes_needed, protected)``: name blocks whose sizes add up to at least
   ``bytes_needed``, none in ``protected`` (block ids), or return ``None``. It changes no
   state (libCacheSim's ``to_evict``): the core then calls ``evicted`` for each block it
@@ -388,6 +393,10 @@ class Policy(ABC):
     def evicted(self, block: Block) -> None:
         """A victim left the tier; by default the same as ``remove``."""
         self.remove(block)
+
+    def incoming(self, block: Block) -> None:
+        """The core is about to choose victims to make room for ``block``. The core calls
+        it only for a policy that overrides it, so the others pay nothing."""
 
     @abstractmethod
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None: ...

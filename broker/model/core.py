@@ -254,6 +254,7 @@ class Core:
         self._proposing = type(top).after_access is not Policy.after_access
         self._access_many = type(top).access_many is not Policy.access_many
         self._drop_hook = [type(t.policy).prefer_drop is not Policy.prefer_drop for t in self.tiers]
+        self._incoming_hook = [type(t.policy).incoming is not Policy.incoming for t in self.tiers]
         # A deadline change needs the general update path only if some policy reorders on
         # updates or prefetch watches deadlines.
         self._plain_deadlines = not self._prefetching and all(type(t.policy).update is Policy.update for t in self.tiers)
@@ -376,22 +377,25 @@ class Core:
     def _make_room(
         self,
         t: int,
-        incoming: int,
+        block: Block,
         protected: AbstractSet[str],
         admit: Callable[[list[Block]], bool] | None = None,
     ) -> bool:
-        """Make tier t able to take ``incoming`` more bytes, evicting per its policy.
+        """Make tier t able to take ``block``'s bytes, evicting per its policy (told which
+        block arrives first, if it asks: ``Policy.incoming``).
 
         Over the high watermark, victims are taken until the tier is under the low one; if
         the policy cannot find that much, just enough to fit. Atomic: either the room is made
         (and ``admit``, when given, accepted the victims) or nothing changes.
         """
         tier = self.tiers[t]
-        after = tier.used + incoming
+        after = tier.used + block.size
         if after <= tier.high_bytes:
             # Nothing must leave, but a prefetch is still the policy's call (its own rules,
             # e.g. the engine's prefetch_ok, apply with or without victims).
             return admit([]) if admit is not None else True
+        if self._incoming_hook[t]:
+            tier.policy.incoming(block)
         victims = tier.policy.choose_victims(after - tier.low_bytes, protected)
         if victims is None:
             need = after - tier.capacity
@@ -417,7 +421,7 @@ class Core:
         drop = self._drop_hook[t] and policy.prefer_drop(victim)
         self._detach(victim, as_victim=True)
         for d in range(t + 1, 0 if drop else len(self.tiers)):
-            if victim.allowed_in(d) and self._make_room(d, victim.size, protected):
+            if victim.allowed_in(d) and self._make_room(d, victim, protected):
                 self._attach(victim, d)
                 stats = self.stats
                 stats.demotions += 1
@@ -472,7 +476,7 @@ class Core:
 
     def _move(self, block: Block, t: int, protected: AbstractSet[str]) -> bool:
         """Move a block into tier t if room can be made there; True if moved."""
-        if not self._make_room(t, block.size, protected):
+        if not self._make_room(t, block, protected):
             return False
         self._detach(block)
         self._attach(block, t)
@@ -523,7 +527,7 @@ class Core:
         self.stats.prompt_blocks += 1
         if not block.allowed_in(t):
             raise EventError("allocated.tier", f"tier {self.tiers[t].name!r} is not in the block's allowed_tiers")
-        if not self._make_room(t, block.size, {block.block_id}):
+        if not self._make_room(t, block, {block.block_id}):
             tier = self.tiers[t]
             raise EventError(
                 "allocated.tier",
@@ -837,7 +841,7 @@ class Core:
         # The client is the truth: put the model back where the block really is.
         self._detach(block)
         if actual != DROPPED:
-            if not self._make_room(actual, block.size, {block_id}):
+            if not self._make_room(actual, block, {block_id}):
                 self.stats.overcommits += 1
             self._attach(block, actual)
 
@@ -959,7 +963,7 @@ class Core:
             return
         policy = self.tiers[top].policy
         admit = lambda victims: policy.admit_prefetch(block, victims)  # noqa: E731
-        if self._make_room(top, block.size, {block.block_id}, admit):
+        if self._make_room(top, block, {block.block_id}, admit):
             block.ready_us = self._transfer(src, block.size)
             self._detach(block)
             self._attach(block, top)

@@ -1,7 +1,8 @@
 """A tier without the broker: one policy instance, and capacity handled the way the core does.
 
-``SimTier`` mirrors the core's calls: an insert that does not fit first asks the policy for
-victims (protecting the incoming block), tells it ``evicted`` for each, then inserts.
+``SimTier`` mirrors the core's calls: an insert that does not fit first tells the policy
+which block arrives (``incoming``), asks it for victims (protecting the incoming block),
+tells it ``evicted`` for each, then inserts.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ class SimTier:
         assert block_id not in self.blocks, f"{block_id} is already resident"
         over = self.used + size - self.capacity
         victims: list[str] = []
+        block = Block(block_id, size)
         if over > 0:
+            self.policy.incoming(block)
             chosen = self.policy.choose_victims(over, {block_id})
             assert chosen is not None, f"no room for {block_id}: policy found no victims for {over} bytes"
             victims = self.evict(chosen)
-        block = Block(block_id, size)
         self.policy.insert(block)
         self.blocks[block_id] = block
         self.used += size
