@@ -11,6 +11,7 @@ from typing import Any
 from policies.base import Block, Policy, PolicyContext
 
 MAX_FREQ = 3  # the paper's two-bit counter
+VARIANTS = ("paper", "libcachesim")
 
 # What one step of the eviction loop does to a block.
 PROMOTE = 0  # oldest of S was read: it moves to the newest end of M, its counter spent
@@ -24,11 +25,15 @@ Step = tuple[int, Block]
 @dataclasses.dataclass(frozen=True)
 class S3FIFOParams:
     """``small_ratio`` and ``ghost_ratio``: bytes of S and of the ghost FIFO as fractions of
-    the tier's capacity; ``move_to_main_threshold``: reads in S that earn a place in M."""
+    the tier's capacity; ``move_to_main_threshold``: reads in S that earn a place in M;
+    ``variant``: "paper" (Yang et al.) or "libcachesim" (libCacheSim's ``S3FIFO``): until
+    the first eviction, a new block goes to M once S holds its share, and S's share is
+    counted in whole blocks (the class docstring says more)."""
 
     small_ratio: float = 0.1
     ghost_ratio: float = 0.9
     move_to_main_threshold: int = 1
+    variant: str = "paper"
 
     def __post_init__(self) -> None:
         if not isinstance(self.small_ratio, (int, float)) or not 0.0 < self.small_ratio < 1.0:
@@ -38,6 +43,8 @@ class S3FIFOParams:
         threshold = self.move_to_main_threshold
         if not isinstance(threshold, int) or not 1 <= threshold <= MAX_FREQ:
             raise ValueError(f"move_to_main_threshold must be an integer in [1, {MAX_FREQ}], got {threshold!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
 
 
 class S3FIFOPolicy(Policy):
@@ -48,10 +55,11 @@ class S3FIFOPolicy(Policy):
     resident block, capped at 3. Sizes are bytes.
 
     1. ``insert``: a block whose id is in G joins M (it was evicted from S too early);
-       any other joins S. Counter 0.
+       any other joins S (in the libCacheSim variant, M while the tier has never evicted
+       and S is at its share). Counter 0.
     2. ``access``: counter + 1, capped at 3. Nothing moves: that is the lazy promotion.
-    3. The eviction loop, one victim per round. Evict from S if S holds at least
-       ``small_ratio`` of the capacity (or M has nothing to give), else from M.
+    3. The eviction loop, one victim per round. Evict from S if S is at its share, at
+       least ``small_ratio`` of the capacity (or M has nothing to give), else from M.
        S: its oldest block moves to M (counter reset) if read at least
        ``move_to_main_threshold`` times, else it is the victim and its id joins G;
        repeat until a victim. M: its oldest block goes round again with its counter
@@ -69,6 +77,20 @@ class S3FIFOPolicy(Policy):
     of a plan is the loop's own work (amortised O(1) per victim: a reinsertion spends a
     read) plus the protected blocks stepped over.
 
+    Paper or libCacheSim (``variant``). The paper (and this policy by default) puts every
+    new block in S, so until the tier first fills, S grows past its share and the first
+    evictions all come from S: the blocks of the fill that were not read again leave
+    first, however recent. libCacheSim's ``S3FIFO`` (0.3.5; its ``S3FIFOv0`` is the
+    paper's) sends new blocks to M once S is at its share and nothing was evicted yet, so
+    the fill's later blocks live in M and go round it like any other. It also sizes S in
+    whole objects (floor(small_ratio x objects)); in bytes that is: S is at its share
+    when one more block (the size of S's oldest, or of the block being inserted) would
+    take it past ``small_ratio`` x capacity. ``variant=libcachesim`` (``--param
+    s3fifo.variant=libcachesim``) does both; with ``move_to_main_threshold=2``
+    (libCacheSim's default; the paper's pseudocode moves a block read more than once) it
+    is libCacheSim's S3FIFO decision for decision on uniform blocks:
+    ``tests/policies/test_libcachesim.py`` checks it at three sizes.
+
     Deviations: the paper's evictS also calls evictM when moving a block fills M; here
     each round makes exactly one victim and the next round's choice of queue accounts for
     M having grown (libCacheSim's structure). A block moved from S to M starts M with
@@ -85,6 +107,9 @@ class S3FIFOPolicy(Policy):
         self._small_target = int(self.params.small_ratio * capacity)
         self._ghost_cap = int(self.params.ghost_ratio * capacity)
         self._threshold: int = self.params.move_to_main_threshold
+        # libCacheSim's variant: S is full when one more block would not fit in its share.
+        self._libcachesim: bool = self.params.variant == "libcachesim"
+        self._has_evicted = False
         self._small: OrderedDict[str, Block] = OrderedDict()
         self._main: OrderedDict[str, Block] = OrderedDict()
         self._ghost: OrderedDict[str, int] = OrderedDict()
@@ -128,6 +153,9 @@ class S3FIFOPolicy(Policy):
         ghost_size = self._ghost.pop(bid, None)
         if ghost_size is not None:
             self._ghost_bytes -= ghost_size
+            self._main[bid] = block
+            self._main_bytes += block.size
+        elif self._libcachesim and not self._has_evicted and self._small_bytes + block.size > self._small_target:
             self._main[bid] = block
             self._main_bytes += block.size
         else:
@@ -175,7 +203,7 @@ class S3FIFOPolicy(Policy):
         m_next = next_main()
         small_bytes = self._small_bytes
         while s_next is not None or m_next is not None:
-            if s_next is not None and (small_bytes >= self._small_target or m_next is None):
+            if s_next is not None and (self._small_at_share(small_bytes, s_next.size) or m_next is None):
                 while s_next is not None:
                     block, s_next = s_next, next(small_iter, None)
                     if freq[block.block_id] >= threshold:
@@ -200,6 +228,11 @@ class S3FIFOPolicy(Policy):
                         yield EVICT_MAIN, block
                         break
 
+    def _small_at_share(self, small_bytes: int, oldest: int) -> bool:
+        if self._libcachesim:
+            return small_bytes + oldest > self._small_target
+        return small_bytes >= self._small_target
+
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
         victims: list[Block] = []
         if bytes_needed <= 0:
@@ -222,6 +255,7 @@ class S3FIFOPolicy(Policy):
 
     def evicted(self, block: Block) -> None:
         """Apply the plan's moves up to ``block``, then evict it (its id joins G if from S)."""
+        self._has_evicted = True
         target = block.block_id
         steps: list[Step] = []
         for step in self._plan(lambda b: b.block_id != target):

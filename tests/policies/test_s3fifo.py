@@ -23,6 +23,42 @@ def queues(tier: SimTier) -> dict[str, list[str]]:
     return {"S": ids["S"], "M": ids["M"]}
 
 
+def test_libcachesim_variant_fills_main_once_small_is_at_its_share() -> None:
+    # 10 unit blocks, S's share 2 (20%). The paper's fill: every new block joins S.
+    paper = SimTier("s3fifo", 10, {"small_ratio": 0.2})
+    for block_id in "abcdefghij":
+        paper.insert(block_id)
+    assert queues(paper) == {"S": list("abcdefghij"), "M": []}
+    # libCacheSim's: once S holds its share and nothing was evicted yet, new blocks join M.
+    lcs = SimTier("s3fifo", 10, {"small_ratio": 0.2, "variant": "libcachesim"})
+    for block_id in "abcdefghij":
+        lcs.insert(block_id)
+    assert queues(lcs) == {"S": ["a", "b"], "M": list("cdefghij")}
+    # The first victim: the paper evicts S's oldest, a; libCacheSim too (S is at its
+    # share), and from then on new blocks join S again.
+    assert paper.insert("k") == ["a"]
+    assert lcs.insert("k") == ["a"]
+    assert queues(lcs) == {"S": ["b", "k"], "M": list("cdefghij")}
+    assert queues(paper) == {"S": list("bcdefghijk"), "M": []}
+    # The paper's next victims are the fill's oldest, from S (ghosts kept); libCacheSim's
+    # S holds only the blocks since the fill: k, newer than any of M's, leaves before them.
+    assert paper.insert("l") == lcs.insert("l") == ["b"]
+    assert paper.insert("m") == ["c"]
+    assert lcs.insert("m") == ["k"]
+    assert s3(paper).queue_of("c") == "G" and s3(lcs).queue_of("c") == "M"
+
+
+def test_libcachesim_variant_counts_smalls_share_in_whole_blocks() -> None:
+    # 10 blocks of 4 bytes, share 0.25 x 40 = 10 bytes: 2.5 blocks. libCacheSim rounds S
+    # down to 2 objects; the variant's S is at its share when one more block would pass it.
+    lcs = SimTier("s3fifo", 40, {"small_ratio": 0.25, "variant": "libcachesim"})
+    for block_id in "abcdefghij":
+        lcs.insert(block_id, 4)
+    assert queues(lcs)["S"] == ["a", "b"]
+    with pytest.raises(PolicyError):
+        SimTier("s3fifo", 40, {"variant": "libCacheSim-ish"})
+
+
 def test_small_fifo_promotes_read_blocks_and_ghosts_the_rest() -> None:
     # 10 unit blocks: S's share is 1 byte (10%).
     tier = SimTier("s3fifo", 10)
