@@ -8,11 +8,17 @@ the block ids those batches allocate, in the same order. Blocks are uniform, so
 libCacheSim counts in blocks (object size 1, cache size = the tier's bytes // the block's
 bytes): in bytes, libCacheSim's ARC would move its target by the ghost-size ratio alone,
 one byte per ghost hit, rather than the paper's one block. Printed per size: hits, share
-of Belady's hits, seconds (wall clock: noisy on a shared machine).
+of Belady's hits, seconds (wall clock: noisy on a shared machine); then issue #22's table:
+per size, the best online kvbroker policy, the best online libCacheSim algorithm,
+prefix_aware, lru and adaptive, as shares of Belady's hits.
 
     python bench/libcachesim_compare.py                       # the Mooncake trace, 1M/3M/10M tokens
     python bench/libcachesim_compare.py --sizes 1000000tok --kvbroker lru,adaptive --libcachesim LRU,ARC
+    python bench/libcachesim_compare.py --kvbroker s3fifo:variant=libcachesim:move_to_main_threshold=2 --libcachesim S3FIFO
     python bench/libcachesim_compare.py --json
+
+A kvbroker entry ``policy:key=value:...`` runs the policy with those parameters (as
+``kvbroker replay --param policy.key=value``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from broker.replay.grid import parse_params  # noqa: E402
 from broker.replay.replay import replay  # noqa: E402
 from broker.replay.sweep import parse_capacity, single_tier  # noqa: E402
 from broker.replay.traces import TraceOptions, read_trace  # noqa: E402
@@ -35,7 +42,9 @@ from kvbroker.v1 import intent_pb2 as pb  # noqa: E402
 from policies import registry  # noqa: E402
 
 TRACE = ROOT / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
-KVBROKER = [name for name in registry.names() if name != "belady"] + ["belady"]
+KVBROKER = [name for name in registry.names() if name != "belady"] + ["s3fifo:variant=libcachesim:move_to_main_threshold=2", "belady"]
+# The columns of issue #22's table besides the two bests.
+TABLE_POLICIES = ("prefix_aware", "lru", "adaptive")
 # Every libCacheSim algorithm that takes a plain request stream (Belady needs each
 # request's next access, which this script fills in).
 LIBCACHESIM = (
@@ -88,6 +97,38 @@ def kvbroker_hits(batches: list[pb.IntentBatch], policy: str, capacity: int, par
     return int(replay(source, single_tier(capacity), policy, params).metrics["prefix_hits"])
 
 
+def policy_spec(text: str) -> tuple[str, dict[str, Any]]:
+    """``policy:key=value:...`` as (policy, parameters), values read as the defaults' types."""
+    name, *pairs = text.split(":")
+    if not pairs:
+        return name, {}
+    grid = parse_params([f"{name}.{pair}" for pair in pairs], [name])
+    return name, grid[name][0]
+
+
+def print_table(rows: list[dict[str, Any]], sizes: list[str]) -> None:
+    """Issue #22's table, in Markdown: shares of Belady's hits (hits; seconds)."""
+
+    def cell(r: dict[str, Any] | None, named: bool = False) -> str:
+        if r is None:
+            return "-"
+        label = f"{r['algorithm']} " if named else ""
+        return f"{label}{100 * r['share_of_belady']:.1f}% ({r['hits']:,}; {r['seconds']:.1f} s)"
+
+    print("| cache | best kvbroker | best libCacheSim | " + " | ".join(TABLE_POLICIES) + " | Belady hits |")
+    print("|---" * (4 + len(TABLE_POLICIES)) + "|")
+    for size in sizes:
+        here = [r for r in rows if r["size"] == size]
+        best = {}
+        for source in ("kvbroker", "libCacheSim"):
+            online = [r for r in here if r["source"] == source and "elady" not in r["algorithm"]]
+            best[source] = max(online, key=lambda r: r["hits"]) if online else None
+        named = {r["algorithm"]: r for r in here if r["source"] == "kvbroker"}
+        belady = next((r["hits"] for r in here if r["algorithm"] == "Belady"), 0)
+        cells = [cell(best["kvbroker"], True), cell(best["libCacheSim"], True), *(cell(named.get(p)) for p in TABLE_POLICIES)]
+        print(f"| {size} | " + " | ".join(cells) + f" | {belady:,} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(TRACE))
@@ -109,11 +150,26 @@ def main(argv: list[str] | None = None) -> int:
         capacity = blocks * block_bytes
         started = time.perf_counter()
         belady = libcachesim_hits("Belady", seq, blocks)
-        found: list[dict[str, Any]] = []
-        runs = [("kvbroker", p) for p in args.kvbroker.split(",") if p] + [("libCacheSim", a) for a in args.libcachesim.split(",") if a]
+        found: list[dict[str, Any]] = [
+            {
+                "size": text,
+                "blocks": blocks,
+                "source": "libCacheSim",
+                "algorithm": "Belady",
+                "hits": belady,
+                "share_of_belady": 1.0,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+        ]
+        runs = [("kvbroker", p) for p in args.kvbroker.split(",") if p]
+        runs += [("libCacheSim", a) for a in args.libcachesim.split(",") if a and a != "Belady"]
         for source, name in runs:
             started = time.perf_counter()
-            hits = kvbroker_hits(batches, name, capacity) if source == "kvbroker" else libcachesim_hits(name, seq, blocks)
+            if source == "kvbroker":
+                policy, params = policy_spec(name)
+                hits = kvbroker_hits(batches, policy, capacity, params)
+            else:
+                hits = libcachesim_hits(name, seq, blocks)
             found.append(
                 {
                     "size": text,
@@ -139,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         json.dump({"trace": args.trace, "sequence_blocks": len(seq), "rows": rows}, sys.stdout, indent=1)
         print()
+    else:
+        print_table(rows, args.sizes.split(","))
     return 0
 
 
