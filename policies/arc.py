@@ -75,17 +75,25 @@ class ARCPolicy(Policy):
         # The block the core is making room for (``incoming``), and the one whose ghost
         # hit was already applied by an eviction (it joins T2 when inserted).
         self._arriving: Block | None = None
+        self._arriving_event = -1
         self._ghost_hit = ""
 
     # ---- the request's case --------------------------------------------------------------
 
     def incoming(self, block: Block) -> None:
         self._arriving = block
+        self._arriving_event = self.ctx.clock.event_index
         self._ghost_hit = ""
+
+    def _arrival(self) -> Block | None:
+        """The block room is being made for: the one ``incoming`` named during this event.
+        Victims asked for otherwise (an engine's EvictionRequested; an arrival that ended
+        pinned, so never inserted, in an earlier event) make room for nothing: case IV."""
+        return self._arriving if self._arriving_event == self.ctx.clock.event_index else None
 
     def _case(self) -> int:
         """What the arriving block is: in B1, in B2 (not yet applied) or a miss."""
-        arriving = self._arriving
+        arriving = self._arrival()
         if arriving is None:
             return MISS
         bid = arriving.block_id
@@ -155,7 +163,7 @@ class ARCPolicy(Policy):
         self._pop_resident(block)
 
     def evicted(self, block: Block) -> None:
-        arriving = self._arriving
+        arriving = self._arrival()
         ghost_hit = arriving is not None and (self._apply_ghost_hit(arriving) or self._ghost_hit == arriving.block_id)
         keep_ghost = True
         if not ghost_hit:
@@ -191,7 +199,7 @@ class ARCPolicy(Policy):
         victims: list[Block] = []
         if bytes_needed <= 0:
             return victims
-        arriving = self._arriving
+        arriving = self._arrival()
         case = self._case()
         p = self.p if case == MISS or arriving is None else self._adapted(case, arriving.size)
         incoming = arriving.size if arriving is not None else 0

@@ -82,6 +82,23 @@ def test_a_ghost_hit_moves_p_before_the_victim_is_chosen() -> None:
     assert [arc(tier).list_of(x) for x in "abcde"] == ["B2", "T2", "T2", "T2", "T1"]
 
 
+def test_an_arrival_counts_only_during_its_event() -> None:
+    # A block the core made room for but never inserted (it arrived pinned) must not steer
+    # a later eviction that makes room for nothing (an engine's EvictionRequested).
+    tier = SimTier("arc", 4)
+    for block_id in "abcd":
+        tier.insert(block_id)
+    tier.access("a", "b", "c")
+    assert tier.insert("e") == ["d"]
+    tier.clock.event_index = 5
+    tier.policy.incoming(Block("d", 1))  # d, a B1 ghost, arrives: during event 5, p would be 1
+    assert tier.victims(1) == ["a"]
+    tier.clock.event_index = 6  # d never joined: in a later event the victims ignore it
+    assert tier.victims(1) == ["e"]
+    assert tier.make_room(1) == ["e"]
+    assert arc(tier).p == 0 and arc(tier).list_of("d") == "B1"
+
+
 def test_replace_takes_from_t1_on_a_tie_when_the_block_was_in_b2() -> None:
     # REPLACE's tie rule: |T1| = p and the incoming block is a B2 ghost: T1 pays.
     tier = SimTier("arc", 3)
