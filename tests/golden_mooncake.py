@@ -3,9 +3,10 @@
 
 The test (tests/policies/test_golden_replay.py) replays each registered policy at each
 size and compares with tests/data/golden_mooncake.json. When a change of behaviour is
-intended, re-print the file and review the diff:
+intended, re-print the file and review the diff (as a module: run as a script, the
+tests/broker folder would shadow the broker package):
 
-    python tests/golden_mooncake.py > tests/data/golden_mooncake.json
+    python -m tests.golden_mooncake > tests/data/golden_mooncake.json
 """
 
 from __future__ import annotations
