@@ -6,7 +6,6 @@ import dataclasses
 
 from policies.base import Block, Phase, Priority
 from policies.intent_aware import IntentAwarePolicy, IntentParams
-from policies.scored import until_deadline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +62,7 @@ class DeadlineAwarePolicy(IntentAwarePolicy):
 
     def eviction_score(self, block: Block, now_us: int) -> float:
         s = super().eviction_score(block, now_us)
-        deadline = until_deadline(block, now_us)
+        deadline = self.terms(block, now_us)[2]
         if deadline is not None:
             s += -320.0 if deadline <= 1000 else -140.0 if deadline <= 5000 else -25.0
         slack = block.slack_us
@@ -91,7 +90,7 @@ class DeadlineAwarePolicy(IntentAwarePolicy):
             return False
         if not (block.priority in (Priority.HOT, Priority.DECODE_CRITICAL) or block.phase == Phase.DECODE):
             return False
-        deadline = until_deadline(block, self.ctx.clock.now_us)
+        deadline = self.terms(block, self.ctx.clock.now_us)[2]
         return (
             (deadline is not None and deadline <= p.prefetch_deadline_us)
             or (block.slack_us is not None and block.slack_us <= p.prefetch_slack_us)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block, Phase, Priority
-from policies.scored import Key, ScoredPolicy, recency, until_deadline
+from policies.scored import Key, ScoredPolicy, SeedLabels, descending, recency, until_deadline
 
 # Priority terms of the eviction score and of the risk; UNSPECIFIED counts as WARM.
 _CLASS_TERM: dict[int, float] = {
@@ -78,25 +78,50 @@ class IntentAwarePolicy(ScoredPolicy):
     name = "intent_aware"
     description = "kv_deadline_scheduler IntentAware: highest intent eviction score (priority, phase, reuse, cost, risk) leaves first"
     Params = IntentParams
+    # The seed's labels, set only by the kvds compatibility replay (broker.replay.kvds_compat).
+    kvds: SeedLabels | None = None
+
+    def terms(self, block: Block, now_us: int) -> tuple[float, float, int | None, float | None]:
+        """The time-dependent inputs of the seed's formulas: (recency 0..1, steps since the
+        block's age origin, time until its deadline in us, steps to its target decode step).
+
+        kvbroker's mapping (module docstring) from our Block, or, in the kvds compatibility
+        replay (``self.kvds`` set by ``broker.replay.kvds_compat``), the seed's own labels."""
+        kvds = self.kvds
+        if kvds is not None:
+            return kvds.terms(block.block_id)
+        p = self.params
+        deadline = until_deadline(block, now_us)
+        return (
+            recency(block, now_us, p.recency_horizon_us),
+            (now_us - block.created_us) / p.us_per_step,
+            deadline,
+            None if deadline is None else deadline / p.us_per_step,
+        )
 
     def risk(self, block: Block, now_us: int) -> float:
         """The seed's risk: effective_deadline_score + 40 recency + 15 committed - 35
         uncommitted draft - 25 recompute_ok - 15 compression_ok - min(reuse/8, 80) - 140 DONE
-        / - 60 IDLE."""
-        deadline = until_deadline(block, now_us)
-        effective = 2.0 * block.request_priority
+        / - 60 IDLE (summed in the seed's order, so that equal scores stay equal)."""
+        rec, _, deadline, steps = self.terms(block, now_us)
+        return self._risk(block, rec, deadline, steps)
+
+    def _risk(self, block: Block, rec: float, deadline: int | None, steps: float | None) -> float:
+        effective = 0.0
         if deadline is not None:
-            effective += max(0, 10_000 - deadline) / 20
-            effective += max(0.0, 64 - deadline / self.params.us_per_step)
+            effective += max(0.0, 10_000.0 - deadline) / 20.0
         if block.slack_us is not None:
-            effective += max(0, 5000 - block.slack_us) / 10
+            effective += max(0.0, 5000.0 - block.slack_us) / 10.0
+        if steps is not None:
+            effective += max(0.0, 64.0 - steps)
+        effective += block.request_priority * 2.0
         effective += _PHASE_DEADLINE.get(block.phase, 0.0)
         effective += _CLASS_RISK.get(block.priority, 0.0)
         if block.recompute_cost_us is not None:
-            effective += min(block.recompute_cost_us / 25, 250.0)
+            effective += min(block.recompute_cost_us / 25.0, 250.0)
         if block.pinned:
             effective += 400.0
-        risk = effective + 40.0 * recency(block, now_us, self.params.recency_horizon_us)
+        risk = effective + rec * 40.0
         if block.is_committed:
             risk += 15.0
         if block.is_draft and not block.is_committed:
@@ -106,12 +131,12 @@ class IntentAwarePolicy(ScoredPolicy):
         if block.compression_ok:
             risk -= 15.0
         if block.reuse_window is not None:
-            risk -= min(block.reuse_window / 8, 80.0)
+            risk -= min(block.reuse_window / 8.0, 80.0)
         return risk + _PHASE_RISK.get(block.phase, 0.0)
 
     def eviction_score(self, block: Block, now_us: int) -> float:
         """The seed's IntentAware eviction score at ``now_us`` (higher leaves first)."""
-        p = self.params
+        rec, age, deadline, steps = self.terms(block, now_us)
         s = _CLASS_TERM.get(block.priority, 55.0)
         if block.pinned:
             s -= 900.0
@@ -127,13 +152,17 @@ class IntentAwarePolicy(ScoredPolicy):
             s += 45.0
         if block.recompute_cost_us is not None:
             s -= min(block.recompute_cost_us / 40, 180.0)
-        s -= 60.0 * recency(block, now_us, p.recency_horizon_us)
-        s += min((now_us - block.created_us) / p.us_per_step / 4, 35.0)
-        s -= max(self.risk(block, now_us), 0.0) / 40
+        s -= 60.0 * rec
+        s += min(age / 4, 35.0)
+        s -= max(self._risk(block, rec, deadline, steps), 0.0) / 40
         return s
 
     def key(self, block: Block) -> Key:
-        return (-self.eviction_score(block, self.ctx.clock.now_us), block.last_access_us, -block.size, block.block_id)
+        score = self.eviction_score(block, self.ctx.clock.now_us)
+        if self.kvds is not None:
+            # The seed's tie rule: max by (score, size, object id), so the largest id first.
+            return (-score, -block.size, descending(block.block_id))
+        return (-score, block.last_access_us, -block.size, block.block_id)
 
     def stored_score(self, block: Block) -> float:
         """The eviction score the block holds in the order, or its score now if not held."""

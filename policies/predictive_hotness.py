@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block
-from policies.scored import Key, ScoredPolicy, recency
+from policies.scored import Key, ScoredPolicy, SeedLabels, recency
 
 # The seed's reuse horizon in tokens: a reuse window of 64 or more (or none) gives no boost.
 REUSE_TOKENS = 64
@@ -57,8 +57,16 @@ class PredictiveHotnessPolicy(ScoredPolicy):
     description = "kv_deadline_scheduler PredictiveHotness: lowest 0.7 recency + 0.3 reuse-window boost leaves first"
     Params = PredictiveHotnessParams
 
+    # The seed's labels, set only by the kvds compatibility replay (broker.replay.kvds_compat).
+    kvds: SeedLabels | None = None
+
     def key(self, block: Block) -> Key:
         w = self.params.recency_weight
+        kvds = self.kvds
+        if kvds is not None:
+            # The seed's own recency label and last_access_step, and its key as it is.
+            hotness = kvds.terms(block.block_id)[0] * w + reuse_boost(block) * (1.0 - w)
+            return (hotness, kvds.last_access_step(block.block_id), -block.size, block.block_id)
         shifted = w * block.last_access_us / self.params.recency_horizon_us + (1.0 - w) * reuse_boost(block)
         return (shifted, block.last_access_us, -block.size, block.block_id)
 

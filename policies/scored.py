@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, Protocol
 
 from policies.base import Block, Policy, PolicyContext, take_until
 from policies.structures import SortedKeys
@@ -113,6 +113,29 @@ def until_deadline(block: Block, now_us: int) -> int | None:
     if block.deadline_us is None:
         return None
     return max(0, block.deadline_us - now_us)
+
+
+class SeedLabels(Protocol):
+    """kv_deadline_scheduler's own per-block labels, for the kvds compatibility replay
+    (``broker.replay.kvds_compat``), where a ported policy reads them instead of deriving
+    them from event time."""
+
+    def terms(self, block_id: str) -> tuple[float, float, int | None, float | None]:
+        """(recency_score as decayed so far, steps since last_access_step, the static
+        deadline_us label, steps to target_decode_step, or None for an unset label)."""
+        ...
+
+    def last_access_step(self, block_id: str) -> int:
+        """The seed's last_access_step label."""
+        ...
+
+
+def descending(text: str) -> tuple[int, ...]:
+    """A key under which strings sort in reverse order (the seed's ``max`` tie rule on ids).
+
+    The trailing 1 is above every negated code point, so a string sorts after its own
+    extensions, as reversed order wants."""
+    return (*(-ord(c) for c in text), 1)
 
 
 def step_of(ctx: PolicyContext) -> int:

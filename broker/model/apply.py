@@ -289,28 +289,41 @@ def block_from_event(core: Core, ev: tuple[Any, ...], owner: str) -> Block:
     block.tenant = _intern(tenant) if tenant else ""
     block.size = size
     block.tier = DROPPED
-    block.pin_requested = ev[A_PIN_REQUESTED]
     block.released = False
     block.refs = 1
     block.pinned = False
     if core.ablate_intent:
+        # Everything the engine asserts about the block's future (docs/deadlines.md lists
+        # it): the policies see identity, size, chain, tiers and the events themselves.
+        block.pin_requested = False
         block.priority = Priority.UNSPECIFIED
         block.phase = Phase.UNSPECIFIED
         block.deadline_us = None
+        block.slack_us = None
+        block.recompute_cost_us = None
+        block.request_priority = DEFAULT_REQUEST_PRIORITY
+        block.is_draft = False
+        block.is_committed = False
+        block.reuse_window = None
+        block.recompute_ok = False
+        block.compression_ok = False
+        block.prefetch_ok = False
+        spill_cost = None
+        core.hidden[block_id] = (slack, recompute_cost)
     else:
+        block.pin_requested = ev[A_PIN_REQUESTED]
         block.priority = priority
         block.phase = phase
         block.deadline_us = deadline
-    # Slack stays visible in an ablation: what is stripped is phase, priority and deadline.
-    block.slack_us = slack
-    block.recompute_cost_us = recompute_cost
-    block.request_priority = request_priority
-    block.is_draft = ev[A_IS_DRAFT]
-    block.is_committed = ev[A_IS_COMMITTED]
-    block.reuse_window = ev[A_REUSE_WINDOW]
-    block.recompute_ok = ev[A_RECOMPUTE_OK]
-    block.compression_ok = ev[A_COMPRESSION_OK]
-    block.prefetch_ok = ev[A_PREFETCH_OK]
+        block.slack_us = slack
+        block.recompute_cost_us = recompute_cost
+        block.request_priority = request_priority
+        block.is_draft = ev[A_IS_DRAFT]
+        block.is_committed = ev[A_IS_COMMITTED]
+        block.reuse_window = ev[A_REUSE_WINDOW]
+        block.recompute_ok = ev[A_RECOMPUTE_OK]
+        block.compression_ok = ev[A_COMPRESSION_OK]
+        block.prefetch_ok = ev[A_PREFETCH_OK]
     parent_id: str = ev[A_PARENT_ID]
     if parent_id:
         parent = core.blocks.get(parent_id)
@@ -441,14 +454,20 @@ def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, re
         block.due_us = None
     elif deadline is not None:
         block.due_us = deadline
+    if core.ablate_intent:
+        # Only what reports measure against (critical, due_us, slack, recompute cost)
+        # follows the engine; the policies see none of it (see block_from_event).
+        said = core.hidden.get(block.block_id, (None, None))
+        core.hidden[block.block_id] = (said[0] if slack is None else slack, said[1] if recompute_cost is None else recompute_cost)
+        core.updated(block, was_pinned, old_deadline)
+        return
     if slack is not None:
         block.slack_us = slack
-    if not core.ablate_intent:
-        if phase is not None:
-            block.phase = phase
-        if priority is not None:
-            block.priority = priority
-        block.deadline_us = block.due_us
+    if phase is not None:
+        block.phase = phase
+    if priority is not None:
+        block.priority = priority
+    block.deadline_us = block.due_us
     if recompute_cost is not None:
         block.recompute_cost_us = recompute_cost
     pin_requested: bool | None = ev[U_PIN_REQUESTED]

@@ -191,10 +191,14 @@ class Core:
     ) -> None:
         """``future_uses`` (block id -> ordinals of the events that use it) is given by
         replay only; offline policies such as belady need it and are refused without it.
-        ``ablate_intent`` (replay only) hides phase, priority, deadline and slack from the
-        model and its policies while reports still count against them."""
+        ``ablate_intent`` (replay only) hides every field the engine asserts about a block's
+        future from the model and its policies (broker.model.apply lists them) while reports
+        still count against them."""
         self.config = config
         self.ablate_intent = ablate_intent
+        # In an ablation: block id -> (slack_us, recompute_cost_us) the engine said, which
+        # the cost model and the deadline count still use (the blocks carry none).
+        self.hidden: dict[str, tuple[int | None, int | None]] = {}
         self.generation = generation
         self.clock = Clock()
         self._future_uses = future_uses
@@ -653,7 +657,7 @@ class Core:
                 due = block.due_us
                 if due is not None:
                     dl_accesses += 1
-                    if now + latency > (due if due > now else now) + (block.slack_us or 0):
+                    if now + latency > (due if due > now else now) + self._slack(block):
                         dl_misses += 1
             if hot:
                 top.access_many(hot)
@@ -739,7 +743,8 @@ class Core:
             if critical:
                 stats.dc_misses += 1
             if src == DROPPED:
-                latency = block.recompute_cost_us if block.recompute_cost_us is not None else self.config.recompute_us
+                cost = self.hidden.get(block.block_id, (None, None))[1] if self.ablate_intent else block.recompute_cost_us
+                latency = cost if cost is not None else self.config.recompute_us
             else:
                 latency = self._transfer(src, block.size) - now
             block.ready_us = now + latency
@@ -760,8 +765,15 @@ class Core:
             stats.deadline_accesses += 1
             # Late if the data is ready after the announced time (or after the access, if
             # the engine asked later than it announced), plus the slack it tolerates.
-            if now + latency > (due if due > now else now) + (block.slack_us or 0):
+            if now + latency > (due if due > now else now) + self._slack(block):
                 stats.deadline_misses += 1
+
+    def _slack(self, block: Block) -> int:
+        """The slack a deadline is judged with: the engine's, even when the policies are
+        not told it (an ablation)."""
+        if self.ablate_intent:
+            return self.hidden.get(block.block_id, (None, None))[0] or 0
+        return block.slack_us or 0
 
     def updated(self, block: Block, was_pinned: bool, old_deadline: int | None) -> None:
         """Intent changed: the caller has set the new fields (``was_pinned`` and
@@ -804,6 +816,8 @@ class Core:
         for block in blocks:
             if self.blocks.pop(block.block_id, None) is None:
                 continue  # listed twice in one event
+            if self.ablate_intent:
+                self.hidden.pop(block.block_id, None)
             self._detach(block)
             self._unlink(block)
             self._unindex_request(block.request_id)
