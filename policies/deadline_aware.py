@@ -61,7 +61,7 @@ class DeadlineAwarePolicy(IntentAwarePolicy):
     Params = DeadlineParams
 
     def eviction_score(self, block: Block, now_us: int) -> float:
-        s = super().eviction_score(block, now_us)
+        s, risk = self.score_and_risk(block, now_us)
         deadline = self.terms(block, now_us)[2]
         if deadline is not None:
             s += -320.0 if deadline <= 1000 else -140.0 if deadline <= 5000 else -25.0
@@ -76,7 +76,7 @@ class DeadlineAwarePolicy(IntentAwarePolicy):
             s -= 110.0
         if block.priority == Priority.DECODE_CRITICAL:
             s -= 400.0
-        s -= self.risk(block, now_us) / 18
+        s -= risk / 18
         if block.phase == Phase.DONE:
             s += 40.0
         if block.priority == Priority.COLD and deadline is None:

@@ -136,7 +136,12 @@ class IntentAwarePolicy(ScoredPolicy):
 
     def eviction_score(self, block: Block, now_us: int) -> float:
         """The seed's IntentAware eviction score at ``now_us`` (higher leaves first)."""
+        return self.score_and_risk(block, now_us)[0]
+
+    def score_and_risk(self, block: Block, now_us: int) -> tuple[float, float]:
+        """The IntentAware eviction score and the risk it used (a subclass adds to both)."""
         rec, age, deadline, steps = self.terms(block, now_us)
+        risk = self._risk(block, rec, deadline, steps)
         s = _CLASS_TERM.get(block.priority, 55.0)
         if block.pinned:
             s -= 900.0
@@ -154,8 +159,8 @@ class IntentAwarePolicy(ScoredPolicy):
             s -= min(block.recompute_cost_us / 40, 180.0)
         s -= 60.0 * rec
         s += min(age / 4, 35.0)
-        s -= max(self._risk(block, rec, deadline, steps), 0.0) / 40
-        return s
+        s -= max(risk, 0.0) / 40
+        return s, risk
 
     def key(self, block: Block) -> Key:
         score = self.eviction_score(block, self.ctx.clock.now_us)
