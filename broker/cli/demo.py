@@ -2,9 +2,15 @@
 
 It starts a broker on a free loopback port with a temporary file journal, drives the
 built-in workload through BrokerClient (acking every directive, as an engine would),
-stops the broker, replays its journal through every policy (belady, the offline optimum,
-included as the upper bound), checks that the replay
-of the live policy reproduces the live directives exactly, and prints the table.
+stops the broker, replays its journal through every policy (belady, the offline optimum
+of demand caching, and prefetch_oracle, an offline prefetching bound: see docs/deadlines.md),
+checks that the replay of the live policy reproduces the live directives exactly, and
+prints the table.
+
+The workload is the deadline-bound one (broker/cli/demo_workload.py, ``DEADLINE_CONFIG``):
+bursts of arrivals, the next decode set announced with deadlines but not pinned, host
+memory behind two shared copy channels; there deadlines are missed, and where each policy
+put the blocks decides how many.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from broker.cli.demo_workload import DEMO_CONFIG, DemoWorkload
+from broker.cli.demo_workload import DEADLINE_CONFIG, DemoWorkload
 from broker.config import JournalConfig, parse_config
 from broker.journal import JournalSource
 from broker.replay.replay import ReplayResult, format_table, replay_source
@@ -44,14 +50,14 @@ async def drive(target: str, workload: DemoWorkload) -> tuple[int, int, int]:
 
 
 async def run_demo(journal_dir: str, *, requests: int = 40, seed: int = 7, out: Callable[[str], None] = print) -> list[ReplayResult]:
-    config = parse_config(DEMO_CONFIG)
+    config = parse_config(DEADLINE_CONFIG)
     journal_url = f"file://{os.path.join(journal_dir, 'demo.journal')}"
     config = dataclasses.replace(config, journal=JournalConfig(url=journal_url))
     broker = await start_broker(config)
     target = f"127.0.0.1:{broker.port}"
     out(f"broker listening on {target}, policy {broker.service.policy_name}, journal {journal_url}")
     try:
-        batches, events, rejected = await drive(target, DemoWorkload(requests=requests, seed=seed))
+        batches, events, rejected = await drive(target, DemoWorkload(requests=requests, seed=seed, deadline_bound=True))
         stats = broker.service.stats()
     finally:
         await broker.stop()

@@ -52,6 +52,50 @@ bandwidth_gb_per_s = 6.0
 """
 
 
+# The deadline-bound demo: share of requests that arrive with the one before them (a burst),
+# and the mean pause before the others.
+BURST_SHARE = 0.7
+BURST_GAP_US = 30_000
+# Requests decoded per iteration in the deadline-bound demo (about 80 blocks to read).
+DEADLINE_DECODE_BATCH = 6
+
+# The demo's default tiers: HBM for about 6 decoding requests and a burst's prefills, host
+# memory behind two copy channels (a 25 GB/s link: 2 MiB in about 94 us, every transfer out
+# of the tier sharing it) and NVMe behind one.
+DEADLINE_CONFIG = """\
+[broker]
+id = "kvbroker-demo"
+listen = "127.0.0.1:0"
+
+[policy]
+name = "deadline_edf"
+
+[prefetch]
+# The scheduler announces the next decode set one iteration early.
+margin_us = 1000
+
+[[tiers]]
+name = "hbm"
+capacity = "192MiB"
+read_latency_us = 0.0
+bandwidth_gb_per_s = 2000.0
+
+[[tiers]]
+name = "dram"
+capacity = "512MiB"
+read_latency_us = 10.0
+bandwidth_gb_per_s = 25.0
+channels = 2
+
+[[tiers]]
+name = "nvme"
+capacity = "4GiB"
+read_latency_us = 100.0
+bandwidth_gb_per_s = 2.0
+channels = 1
+"""
+
+
 @dataclasses.dataclass
 class _Request:
     rid: str
@@ -65,15 +109,34 @@ class _Request:
 
 
 class DemoWorkload:
-    """Yields the events of one engine iteration at a time."""
+    """Yields the events of one engine iteration at a time.
 
-    def __init__(self, *, requests: int = 40, seed: int = 7, decode_batch: int = 2) -> None:
+    ``deadline_bound`` (the demo's default, with ``DEADLINE_CONFIG``): requests arrive in
+    bursts, and the next iteration's decode set is announced with its deadline but keeps its
+    class (HOT or WARM): unpinned blocks with deadlines, which a policy may still push out.
+    On DEADLINE_CONFIG's tiers (host memory behind two shared copy channels, 2 MiB in about
+    94 us each, so about 21 blocks per 1 ms iteration; NVMe behind one, about 1.1 ms a
+    block) a step's blocks that are not in HBM when it is announced cannot all be back by
+    its deadline, so where the policy put them decides
+    whether deadlines are met. Each iteration decodes 6 requests (about 80 blocks to read
+    against HBM for 96). Without it: every announced block is DECODE_CRITICAL (pinned
+    where it is) and arrivals are spread out: the classic demo, where no deadline binds.
+    """
+
+    def __init__(self, *, requests: int = 40, seed: int = 7, decode_batch: int | None = None, deadline_bound: bool = False) -> None:
         rng = random.Random(seed)
+        if decode_batch is None:
+            decode_batch = DEADLINE_DECODE_BATCH if deadline_bound else 2
         self.decode_batch = decode_batch
+        self.deadline_bound = deadline_bound
         t = 0
         self.waiting: list[_Request] = []
         for i in range(requests):
-            t += int(rng.expovariate(1 / 4_000))
+            if deadline_bound:
+                # Bursts: most requests come with the one before them, a few after a pause.
+                t += 0 if rng.random() < BURST_SHARE else int(rng.expovariate(1 / BURST_GAP_US))
+            else:
+                t += int(rng.expovariate(1 / 4_000))
             interactive = rng.random() < 0.5
             self.waiting.append(
                 _Request(
@@ -119,7 +182,10 @@ class DemoWorkload:
         deadline = now + ITERATION_US
         for req in self._next:
             for block_id in req.blocks:
-                events.append(_update(now, block_id, priority=pb.PRIORITY_DECODE_CRITICAL, deadline_us=deadline))
+                if self.deadline_bound:
+                    events.append(_update(now, block_id, deadline_us=deadline, slack_us=0))
+                else:
+                    events.append(_update(now, block_id, priority=pb.PRIORITY_DECODE_CRITICAL, deadline_us=deadline))
         self.now_us = now + ITERATION_US
         return events
 
