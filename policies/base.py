@@ -320,6 +320,10 @@ class FutureUses:
         self._next = dict.fromkeys(uses, 0)
         self._clock = clock
 
+    def table(self) -> dict[str, list[int]]:
+        """Every block's use ordinals, ascending (read only: for an oracle's own index)."""
+        return self._uses
+
     def next_use(self, block_id: str) -> int:
         """Ordinal of the first event after the current one that uses the block."""
         uses = self._uses.get(block_id)
