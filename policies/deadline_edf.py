@@ -1,5 +1,6 @@
 """deadline_edf: blocks that could not come back before their deadline stay; the rest leave
-by (priority class, request priority, recency), and the near ones last, latest start first."""
+by (priority class, earliest pending deadline kept, request priority, recency), and the near
+ones last, latest start first."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def free_rank(block: Block) -> tuple[int, int]:
     return (RELEASED_RANK if block.released else rank, request_priority)
 
 
+# The urgency of a block with no pending deadline: below every -deadline (see ``urgency``).
+NO_DEADLINE: Final = -(1 << 64)
+
+
+def urgency(block: Block) -> int:
+    """Earliest deadline first within a class: ``-deadline`` while the block has a deadline
+    it has not been read at or after (a promise the engine has not yet kept, however long
+    ago it fell due), else ``NO_DEADLINE``. Larger is kept longer."""
+    deadline = block.deadline_us
+    if deadline is None or block.last_access_us >= deadline:
+        return NO_DEADLINE
+    return -deadline
+
+
 UNDATED: Final = 0
 FAR: Final = 1
 NEAR: Final = 2
@@ -44,8 +59,8 @@ STALE: Final = 3
 @mypyc_attr(native_class=False)
 @dataclasses.dataclass(frozen=True)
 class DeadlineEDFParams:
-    """``stale_after_us``: a deadline passed by more than this counts as none (the engine
-    moved on without reading the block); ``guard_us``: a block is near when its deadline is
+    """``stale_after_us``: a deadline passed by more than this no longer protects the block
+    (it leaves NEAR; unread, it still ranks by that deadline within its class); ``guard_us``: a block is near when its deadline is
     at most its reload time plus this away (the core's default prefetch margin: a block
     evicted inside it would be proposed for prefetch at once); ``default_recompute_us``:
     the recompute cost of a block that gives none."""
@@ -87,11 +102,11 @@ class _Held:
         self.parked = False
         self.block = block
         self.stamp = stamp
-        # (class rank, request priority, stamp, block id): ``_free``'s key. A tuple of
+        # (class rank, urgency, request priority, stamp, block id): ``_free``'s key. A tuple of
         # unknown length to the compiler, so that it stays one Python object, the one
         # ``_free`` holds: typed as four fields, mypyc keeps the four in the struct and
         # boxes a new tuple each time the key is filed or looked up.
-        self.free_key: tuple[Any, ...] = (0, 0, 0, "")
+        self.free_key: tuple[Any, ...] = (0, 0, 0, 0, "")
         self.deadline = 0
         self.latest_start = 0.0
 
@@ -100,9 +115,28 @@ class _Held:
 # needs its __new__ to be empty (see policies.base.Block).
 @mypyc_attr(allow_interpreted_subclasses=True)
 class DeadlineEDFPolicy(Policy):
-    """Evicts free blocks by (priority class, request priority, LRU), then near-deadline
-    blocks, the one with the latest must-start time first. A released block (cached, held by
-    no request: ``free_rank``) ranks below every class, whatever its label said.
+    """Evicts free blocks by (priority class, pending deadline, request priority, LRU), then
+    near-deadline blocks, the one with the latest must-start time first. A released block
+    (cached, held by no request: ``free_rank``) ranks below every class, whatever its label
+    said.
+
+    Earliest deadline first within a class (``urgency``): among the free blocks of one
+    class, those without a pending deadline leave first, then those with one, the latest
+    deadline first. A deadline is pending from when the engine sets it until the block is
+    read at or after it (or the deadline is changed or cleared): a promised read not yet
+    made, however long ago it fell due. Why this order: a deadline is the one thing the
+    engine says about *when* a block is read, and EDF is the order that serves promises in
+    time; request priority and recency say nothing about when, so they only order blocks
+    of equal deadline (or none). Why pending and not "passed means gone": kvbroker's engine
+    hooks (clients/engine_hooks.py) clear a request's deadlines when it is preempted or
+    finishes, and a decode step names the next use with its read; a deadline still set on
+    an unread block is a read still owed. An engine that abandons blocks without clearing
+    their deadlines makes them outstay undated blocks of their class (they still leave
+    before any higher class, and ``stale_after_us`` still ends their protection). Measured
+    (docs/deadlines.md): on kv_deadline_scheduler's deadline_pressure trace this order reads
+    every decode-critical block from HBM (0 of 96 missed at 128 MiB, where recency among
+    same-priority blocks missed 9 and priority_lru 6), with more prefetch traffic; no
+    constant was changed for it.
 
     A block with deadline D (absolute event time) and reload cost R (the transfer time out
     of the next lower tier, or, in the bottom tier, its recompute cost) has the *latest
@@ -113,16 +147,17 @@ class DeadlineEDFPolicy(Policy):
       NEAR     if ``now >= L - guard_us`` and ``now - D <= stale_after_us``: evicting it
                now would make it late (its time-to-deadline is at most its reload time plus
                the guard). Protected: it leaves only when the free blocks are not enough.
-      STALE    if ``now - D > stale_after_us``: the deadline passed long ago; counts as none.
+      STALE    if ``now - D > stale_after_us``: the deadline passed long ago; no protection
+               (in ``_free``, where an unread block still ranks by it: ``urgency``).
       FAR      if ``now < L - guard_us``: a deadline, but time enough to come back.
       UNDATED  without a deadline.
 
     Structures (each a ``SortedKeys``, policies.structures; dict ``_held`` block id -> its
     keys and state):
-      ``_free``      UNDATED, FAR and STALE blocks by (class rank, request priority,
-                     recency stamp, id): ``priority_lru``'s order (its class ranks), one list
-                     instead of its buckets so that a block returning from NEAR regains its
-                     old recency position.
+      ``_free``      UNDATED, FAR and STALE blocks by (class rank, urgency, request
+                     priority, recency stamp, id): ``priority_lru``'s classes with EDF inside
+                     them, one list so that a block returning from NEAR regains its old
+                     place.
       ``_far``       FAR blocks by (L, stamp, id): those to become NEAR next are a prefix.
       ``_near``      NEAR blocks by (L, -stamp, id); victims are taken from its end.
       ``_near_by_d`` NEAR blocks by (D, stamp, id): those to become STALE next are a prefix.
@@ -180,7 +215,9 @@ class DeadlineEDFPolicy(Policy):
       2. ``_sync`` (first thing in every call, ``choose_victims`` included): move the FAR
          prefix with ``L - guard <= now`` to NEAR (or straight to STALE), then the
          ``_near_by_d`` prefix with ``now - D > stale_after`` back to ``_free``. It changes
-         the representation only, never the order a caller sees at a given ``now``.
+         the representation only, never the order a caller sees at a given ``now``. (The
+         free key's urgency depends on the deadline and the last read only, not on
+         ``now``: a read or an update re-keys the block.)
       3. ``choose_victims``: ``_free`` from its coldest end, then ``_near`` from its latest
          start (the block that would be late by the least, ``now - L``), skipping the
          protected ids. Nothing else changes.
@@ -276,7 +313,7 @@ class DeadlineEDFPolicy(Policy):
         """The block's place in the free order, from its fields and stamp now."""
         block = held.block
         rank, request_priority = free_rank(block)
-        return (rank, request_priority, held.stamp, block.block_id)
+        return (rank, urgency(block), request_priority, held.stamp, block.block_id)
 
     @staticmethod
     def _set_free_key(held: _Held, key: tuple[Any, ...]) -> None:
@@ -349,7 +386,7 @@ class DeadlineEDFPolicy(Policy):
         """The held block whose entry ``key`` is (live or a placeholder), or None for a
         stale entry. With ``forget``, a stale entry that is its NEAR block's ``free_key`` is
         marked as no longer in ``_free``: the caller takes it out."""
-        held = self._held.get(key[3])
+        held = self._held.get(key[4])
         if held is None or held.free_key is not key:
             return None
         if held.state != NEAR:
@@ -468,8 +505,12 @@ class DeadlineEDFPolicy(Policy):
                 return False
         elif state != STALE or block.deadline_us != held.deadline:
             return False
+        key = held.free_key
         return (
-            block.priority == held.keyed_priority and block.released == held.keyed_released and block.request_priority == held.free_key[1]
+            block.priority == held.keyed_priority
+            and block.released == held.keyed_released
+            and urgency(block) == key[1]
+            and block.request_priority == key[2]
         )
 
     def access(self, block: Block) -> None:
@@ -541,11 +582,11 @@ class DeadlineEDFPolicy(Policy):
                 self._stale += 1  # its old entry, now stale
                 continue
             while j < len(moved) and moved[j] < key:
-                yield held_of[moved[j][3]].block
+                yield held_of[moved[j][4]].block
                 j += 1
             yield held.block
         while j < len(moved):
-            yield held_of[moved[j][3]].block
+            yield held_of[moved[j][4]].block
             j += 1
         for key in reversed(self._near):
             yield held_of[key[2]].block

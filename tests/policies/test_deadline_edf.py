@@ -90,9 +90,10 @@ def test_a_block_needed_before_it_could_come_back_survives_until_its_deadline_is
     tier.at(0).insert("soon", priority=Priority.WARM, deadline_us=1_000)
     tier.at(100).insert("old", priority=Priority.WARM)
     tier.at(200).insert("new", priority=Priority.WARM)
-    # t = 300: the deadline is far: plain LRU order, soon (the oldest) first.
+    # t = 300: the deadline is far, so soon is not protected; but within its class a block
+    # with a pending deadline stays over blocks without one: old, new, then soon.
     tier.at(300)
-    assert tier.near() == [] and tier.order() == ["soon", "old", "new"]
+    assert tier.near() == [] and tier.order() == ["old", "new", "soon"]
     # t = 950: soon is needed in 50 us, less than its 82 us reload: the older LRU block
     # without a deadline leaves instead, and soon goes last.
     tier.at(950)
@@ -102,10 +103,15 @@ def test_a_block_needed_before_it_could_come_back_survives_until_its_deadline_is
     # t = 1000 and up to 10 ms after: a deadline just passed is still near (the step is late).
     tier.at(11_000)
     assert tier.order() == ["old", "new", "soon"]
-    # t = 11,001: passed by more than stale_after_us: soon is ordinary again, back at its
-    # LRU place: first. No event touched it; the clock alone moved it.
+    # t = 11,001: passed by more than stale_after_us: soon is no longer protected (no
+    # event touched it; the clock alone moved it), but it was never read: a promise not yet
+    # kept, it still ranks by its deadline in the free order, after the undated blocks.
     tier.at(11_001)
-    assert tier.near() == [] and tier.order() == ["soon", "old", "new"]
+    assert tier.near() == [] and tier.order() == ["old", "new", "soon"]
+    # Read at last (at or after its deadline), it is an ordinary block, the most recent.
+    tier.at(11_002).read("soon")
+    tier.at(11_003).read("new")
+    assert tier.order() == ["old", "soon", "new"]
 
 
 def test_the_protection_boundary_is_the_reload_time_plus_the_guard() -> None:
@@ -117,35 +123,38 @@ def test_the_protection_boundary_is_the_reload_time_plus_the_guard() -> None:
     assert tier.at(917).near() == []
     # t = 918: big is needed in 82 us, what it would take to come back: protected.
     assert tier.at(918).near() == ["big"]
-    assert tier.order() == ["small", "plain", "big"]
+    # Free: plain (no deadline) before small (a pending one); then the near big.
+    assert tier.order() == ["plain", "small", "big"]
     assert tier.at(958).near() == ["big", "small"]
     # Both near: the latest start leaves first (small: late by 0 us if evicted now, big by 40).
     assert tier.order() == ["plain", "small", "big"]
-    # stale_after_us 0: once the deadline has passed, both are ordinary again.
+    # stale_after_us 0: once the deadline has passed, neither is protected; unread, both
+    # still rank by their (equal) deadline over plain, then by recency.
     assert tier.at(1_000).near() == ["big", "small"]
     assert tier.at(1_001).near() == []
-    assert tier.order() == ["big", "small", "plain"]
+    assert tier.order() == ["plain", "big", "small"]
 
 
-def test_free_blocks_leave_by_class_then_request_priority_then_recency() -> None:
+def test_free_blocks_leave_by_class_then_deadline_then_request_priority_then_recency() -> None:
     tier = Tier()
     tier.at(0).insert("x", priority=Priority.HOT)
     tier.at(1).insert("y", priority=Priority.COLD)
     tier.at(2).insert("z", priority=Priority.WARM, request_priority=90)
     tier.at(3).insert("w", priority=Priority.WARM, request_priority=10)
-    # A COLD block needed in a second: far, so ordinary; COLD leaves first, oldest first.
+    # A COLD block needed in a second: far, not protected; COLD leaves first, and within
+    # it the undated y before far, which has a pending deadline.
     tier.at(4).insert("far", priority=Priority.COLD, deadline_us=1_000_004)
     # UNSPECIFIED counts as WARM (priority_lru's classes), request priority 50 by default.
     tier.at(5).insert("u")
     assert tier.order() == ["y", "far", "w", "u", "z", "x"]
-    # A read makes y the most recent COLD block. z becomes COLD: with request priority 90
-    # it still ranks above the COLD blocks of priority 50; at 50 it keeps its recency (its
-    # insert at t = 2, before far's): an intent change is not a use.
+    # A read makes y the most recent COLD block. z becomes COLD: undated, it leaves before
+    # far; with request priority 90 after y (50); at 50 it keeps its recency (its insert
+    # at t = 2, before y's read): an intent change is not a use.
     tier.at(6).read("y")
     tier.update("z", priority=Priority.COLD)
-    assert tier.order() == ["far", "y", "z", "w", "u", "x"]
+    assert tier.order() == ["y", "z", "far", "w", "u", "x"]
     tier.update("z", request_priority=50)
-    assert tier.order() == ["z", "far", "y", "w", "u", "x"]
+    assert tier.order() == ["z", "y", "far", "w", "u", "x"]
 
 
 def test_a_released_block_leaves_before_any_block_a_request_holds() -> None:
@@ -191,9 +200,10 @@ def test_an_intent_update_rekeys_and_a_cleared_deadline_makes_a_block_ordinary()
     tier.at(0).insert("p", deadline_us=500)
     tier.at(1).insert("q")
     assert tier.near() == ["p"] and tier.order() == ["q", "p"]
-    # The engine postpones p to t = 5000: far again, back at its LRU place.
+    # The engine postpones p to t = 5000: far again, not protected, but a pending deadline
+    # still keeps it over q, which has none.
     tier.at(2).update("p", deadline_us=5_000)
-    assert tier.order() == ["p", "q"]
+    assert tier.order() == ["q", "p"]
     # ... then brings it forward to t = 300, then clears it.
     tier.at(3).update("p", deadline_us=300)
     assert tier.order() == ["q", "p"]
@@ -331,14 +341,17 @@ OPS = st.lists(
 
 def model_order(tier: Tier, stamps: dict[str, int]) -> list[str]:
     """The order recomputed from scratch at the current time: free blocks by (class rank,
-    request priority, stamp), then near ones by latest start, latest first."""
+    pending deadline (none first, then the latest), request priority, stamp), then near
+    ones by latest start, latest first."""
     now, p = tier.clock.now_us, tier.policy.params
     free, near = [], []
     for block_id, block in tier.blocks.items():
         d = block.deadline_us
         start = None if d is None else d - DRAM.transfer_us(block.size)
         if d is None or start is None or now - d > p.stale_after_us or now < start - p.guard_us:
-            free.append((*PriorityLRUPolicy.key(block), stamps[block_id], block_id))
+            rank, request_priority = PriorityLRUPolicy.key(block)
+            pending = d is not None and block.last_access_us < d
+            free.append((rank, (1, -d) if pending else (0, 0), request_priority, stamps[block_id], block_id))
         else:
             near.append((start, -stamps[block_id], block_id))
     return [k[-1] for k in sorted(free)] + [k[-1] for k in sorted(near, reverse=True)]
@@ -384,9 +397,13 @@ def test_core_demotes_the_next_lru_block_instead_of_one_needed_soon() -> None:
         # b0, the oldest; deadline_edf sees b0 needed in 400 us and takes b1.
         out = d.send(alloc("b9", ts=600))
         assert [(x.kind, x.block_id, x.to_tier) for x in out.directives] == [(DirectiveKind.DEMOTE, expected, "dram")]
-    # t = 11,001: b0's deadline passed more than 10 ms ago: ordinary again, and the oldest.
+    # t = 11,001: b0's deadline passed more than 10 ms ago: no longer protected, but never
+    # read, so still kept over the blocks without a deadline: b2, the oldest of those, goes.
     out = d.send(alloc("b10", ts=11_001))
-    assert [(x.kind, x.block_id) for x in out.directives] == [(DirectiveKind.DEMOTE, "b0")]
+    assert [(x.kind, x.block_id) for x in out.directives] == [(DirectiveKind.DEMOTE, "b2")]
+    # Once read, b0 is ordinary: the next block to go is the least recent, b3.
+    out = d.send(access("b0", ts=11_002), alloc("b11", ts=11_003))
+    assert [(x.kind, x.block_id) for x in out.directives] == [(DirectiveKind.DEMOTE, "b3")]
 
 
 def test_core_demotes_a_finished_requests_cached_block_not_a_running_requests() -> None:
@@ -485,21 +502,23 @@ def test_cyclic_decode_with_announced_deadlines_deadline_edf_misses_nothing_lru_
     # deadline_edf, its guard matched to the core's 1 ms prefetch margin.
     d = cyclic_decode("deadline_edf", "[policy.params]\nguard_us = 1000")
     edf = d.core.stats
-    assert (edf.dc_accesses, edf.dc_misses, edf.prefetches) == (48, 0, 48)
+    assert (edf.dc_accesses, edf.dc_misses, edf.prefetches) == (48, 0, 22)
     moves = [(x.kind, x.block_id, x.arrive_by_us) for x in d.directives]
-    # Prefill: r0, needed at 1 ms, is near (latest start 958 us, guard 1 ms) and stays; the
-    # three blocks pushed down are r1's. At t = 1 ms, one step ahead, each block of r1 is
-    # prefetched over a block of r2, whose next use is later; and so on round the cycle.
+    # Prefill, twelve blocks for nine slots: each block over the watermark pushes down the
+    # free block needed last, r2's first (r3's were still to come), then r3's; r0, needed
+    # first, is near and stays. At t = 1 ms r0 is read and is needed again four steps on:
+    # now the latest deadline, its blocks go down for those needed soonest (r2's, then
+    # r3's), and so on round the cycle: a prefetch only for a block that had to go.
     assert moves[:9] == [
-        (DirectiveKind.DEMOTE, "r1b0", 0),
-        (DirectiveKind.DEMOTE, "r1b1", 0),
-        (DirectiveKind.DEMOTE, "r1b2", 0),
         (DirectiveKind.DEMOTE, "r2b0", 0),
-        (DirectiveKind.PREFETCH, "r1b0", 2_000),
-        (DirectiveKind.DEMOTE, "r2b1", 0),
-        (DirectiveKind.PREFETCH, "r1b1", 2_000),
-        (DirectiveKind.DEMOTE, "r2b2", 0),
-        (DirectiveKind.PREFETCH, "r1b2", 2_000),
+        (DirectiveKind.DEMOTE, "r3b0", 0),
+        (DirectiveKind.DEMOTE, "r3b1", 0),
+        (DirectiveKind.DEMOTE, "r0b0", 0),
+        (DirectiveKind.PREFETCH, "r2b0", 3_000),
+        (DirectiveKind.DEMOTE, "r1b0", 0),
+        (DirectiveKind.PREFETCH, "r3b0", 4_000),
+        (DirectiveKind.DEMOTE, "r1b1", 0),
+        (DirectiveKind.PREFETCH, "r3b1", 4_000),
     ]
     # With the default guard (500 us) it still misses nothing.
     assert cyclic_decode("deadline_edf").core.stats.dc_misses == 0
