@@ -291,6 +291,28 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_kvds_compat(args: argparse.Namespace, policies: list[str]) -> int:
+    """--kvds-compat: the seed simulator's importer rules and cost model (broker/replay/kvds_compat.py)."""
+    from broker.replay.kvds_compat import MIB, run_cli
+    from broker.replay.sweep import parse_capacity
+    from broker.replay.traces import TraceError
+    from policies import registry
+    from policies.base import PolicyError
+
+    if not (args.policy or args.policies):  # the offline ones need a future this mode has not
+        policies = [name for name in policies if not registry.policy_class(name).offline]
+    if not args.trace or args.format != "kvds-events":
+        print("kvbroker replay: --kvds-compat needs --trace PATH --format kvds-events", file=sys.stderr)
+        return 2
+    try:
+        hbm = [parse_capacity(x, 1, "--hbm") for x in (args.hbm or "128MiB").split(",")]
+        dram = parse_capacity(args.dram, 1, "--dram") if args.dram else 4096 * MIB
+        return run_cli(args.trace, policies, hbm, dram, args.json, args.skip_bad)
+    except (ConfigError, TraceError, PolicyError) as exc:
+        print(f"kvbroker replay: {exc}", file=sys.stderr)
+        return 2
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     import os
 
@@ -318,6 +340,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _check_trace(args)
     _check_outputs(args)
     options = _trace_options(args)
+    if args.kvds_compat:
+        return _replay_kvds_compat(args, policies)
     try:
         grid = parse_params(args.param, policies)
     except PolicyError as exc:
@@ -762,7 +786,17 @@ def build_parser() -> argparse.ArgumentParser:
         "without ADDRESS a local Ray started for the run (needs the extra: pip install 'kvbroker[ray]')",
     )
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
-    p.add_argument("--ablate-intent", action="store_true", help="also replay each policy with phase, priority and deadline stripped")
+    p.add_argument(
+        "--ablate-intent",
+        action="store_true",
+        help="also replay each policy with every field the engine asserts about the future stripped (docs/deadlines.md lists them)",
+    )
+    p.add_argument(
+        "--kvds-compat",
+        action="store_true",
+        help="kvds-events only: kv_deadline_scheduler's own importer rules and cost model (labels, static deadlines, "
+        "its PREFETCHED/SPILLED/EVICTED lines, flat 5 ms miss), HBM from --hbm (default 128MiB), DRAM from --dram (4096MiB)",
+    )
     p.add_argument("--verify", action="store_true", help="fail unless the live policy's directives are reproduced exactly")
     p.add_argument(
         "--progress",

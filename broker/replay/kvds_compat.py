@@ -385,3 +385,41 @@ def read_events(path: str, skips: SkipCounter | None = None) -> Iterator[EventLi
 def replay_compat(path: str, policy: str, hbm_bytes: int, dram_bytes: int = 4096 * MIB, *, params: dict[str, Any] | None = None) -> CompatResult:
     """One policy over a kvds-events trace in the seed's compatibility mode."""
     return KvdsCompat(policy, hbm_bytes, dram_bytes, params=params).run(read_events(path))
+
+
+def format_compat(records: list[CompatResult]) -> str:
+    """The terminal table of ``kvbroker replay --kvds-compat``."""
+    rows = [("policy", "hbm", "dc_miss", "dc_miss_rate", "misses", "spills", "prefetches", "latency_ms")]
+    for r in records:
+        rows.append(
+            (
+                r.policy,
+                f"{r.hbm_bytes / MIB:g}MiB",
+                f"{r.dc_misses}/{r.dc_accesses}",
+                f"{r.dc_miss_rate:.4f}",
+                str(r.misses),
+                str(r.spills),
+                str(r.prefetches),
+                f"{r.latency_us / 1000:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def run_cli(trace: str, policies: list[str], hbm: list[int], dram: int, as_json: bool, skip_bad: bool) -> int:
+    """``kvbroker replay --trace T --format kvds-events --kvds-compat``: every policy at every
+    HBM size, in the seed's compatibility mode; the table (or JSON) on stdout."""
+    import json
+    import sys
+
+    records = []
+    for size in hbm:
+        for policy in policies:
+            skips = SkipCounter(skip_bad=skip_bad)
+            sim = KvdsCompat(policy, size, dram)
+            records.append(sim.run(read_events(trace, skips)))
+            if skips.skipped:
+                print(f"kvbroker replay: skipped {skips.skipped} bad lines of {trace}", file=sys.stderr)
+    print(json.dumps([r.as_record() for r in records], indent=2) if as_json else format_compat(records))
+    return 0

@@ -124,3 +124,17 @@ def test_the_seed_cost_model_places_first_then_evicts(tmp_path: pathlib.Path) ->
     sim = KvdsCompat("intent_aware", 2 * MIB)
     got = sim.run(read_events(write(tmp_path, lines)))
     assert sim.live["a"].tier == "hbm" and got.misses == 0
+
+
+def test_the_replay_command_runs_the_compatibility_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.cli.main import main
+
+    trace = str(KVDS_DEADLINE_PRESSURE)
+    assert main(["replay", "--trace", trace, "--format", "kvds-events", "--kvds-compat", "--policies", "lru", "--hbm", "512MiB", "--json"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert (record["policy"], record["hbm_bytes"], record["dc_misses"], record["dc_accesses"]) == ("lru", 512 * MIB, 96, 96)
+    # Wrong format, an offline policy: one line naming the problem, exit 2.
+    assert main(["replay", "--trace", trace, "--format", "mooncake", "--kvds-compat"]) == 2
+    assert "--kvds-compat needs --trace PATH --format kvds-events" in capsys.readouterr().err
+    assert main(["replay", "--trace", trace, "--format", "kvds-events", "--kvds-compat", "--policies", "belady"]) == 2
+    assert "belady needs the future" in capsys.readouterr().err
