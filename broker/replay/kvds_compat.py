@@ -140,7 +140,9 @@ def _decayed(start: float, times: int, memo: dict[tuple[float, int], float]) -> 
 class KvdsCompat:
     """The seed's simulator loop around one kvbroker policy (see the module docstring)."""
 
-    def __init__(self, policy: str, hbm_bytes: int, dram_bytes: int = 4096 * MIB, *, us_per_step: int = 1000, params: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, policy: str, hbm_bytes: int, dram_bytes: int = 4096 * MIB, *, us_per_step: int = 1000, params: dict[str, Any] | None = None
+    ) -> None:
         self.us_per_step = us_per_step
         self.hbm_bytes = hbm_bytes
         self.dram_bytes = dram_bytes
@@ -150,7 +152,7 @@ class KvdsCompat:
         cls = policy_class(policy)
         self.policy: Policy = cls(PolicyContext(hbm, (hbm, dram), self.clock), make_params(cls, params or {}))
         if hasattr(self.policy, "kvds"):
-            self.policy.kvds = self  # type: ignore[attr-defined]
+            self.policy.kvds = self
         self.name = cls.name
         self.ignores_pins = cls.name in SEED_IGNORES_PINS
         self.live: dict[str, _Seed] = {}
@@ -382,7 +384,9 @@ def read_events(path: str, skips: SkipCounter | None = None) -> Iterator[EventLi
         yield ev
 
 
-def replay_compat(path: str, policy: str, hbm_bytes: int, dram_bytes: int = 4096 * MIB, *, params: dict[str, Any] | None = None) -> CompatResult:
+def replay_compat(
+    path: str, policy: str, hbm_bytes: int, dram_bytes: int = 4096 * MIB, *, params: dict[str, Any] | None = None
+) -> CompatResult:
     """One policy over a kvds-events trace in the seed's compatibility mode."""
     return KvdsCompat(policy, hbm_bytes, dram_bytes, params=params).run(read_events(path))
 

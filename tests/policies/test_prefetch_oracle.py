@@ -40,7 +40,15 @@ def test_it_prefetches_the_block_read_next_only_over_blocks_read_later() -> None
     # a, b fill HBM; c pushes out b (Belady: b is read last of the three). At event 3 (a
     # read of a) b, read at event 6, is proposed; the victim would be a, read at event 5,
     # sooner than b: refused, and b comes back on demand, as under belady.
-    events = [alloc("a", ts=0), alloc("b", ts=1), alloc("c", ts=2), access("a", ts=100), access("c", ts=200), access("a", ts=300), access("b", ts=400)]
+    events = [
+        alloc("a", ts=0),
+        alloc("b", ts=1),
+        alloc("c", ts=2),
+        access("a", ts=100),
+        access("c", ts=200),
+        access("a", ts=300),
+        access("b", ts=400),
+    ]
     oracle, sink = run(events, "prefetch_oracle")
     belady, _ = run(events, "belady")
     assert oracle["prefetches"] == 0 and [d.block_id for d in sink][:1] == ["b"]

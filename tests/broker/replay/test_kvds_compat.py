@@ -130,7 +130,10 @@ def test_the_replay_command_runs_the_compatibility_mode(capsys: pytest.CaptureFi
     from broker.cli.main import main
 
     trace = str(KVDS_DEADLINE_PRESSURE)
-    assert main(["replay", "--trace", trace, "--format", "kvds-events", "--kvds-compat", "--policies", "lru", "--hbm", "512MiB", "--json"]) == 0
+    assert (
+        main(["replay", "--trace", trace, "--format", "kvds-events", "--kvds-compat", "--policies", "lru", "--hbm", "512MiB", "--json"])
+        == 0
+    )
     [record] = json.loads(capsys.readouterr().out)
     assert (record["policy"], record["hbm_bytes"], record["dc_misses"], record["dc_accesses"]) == ("lru", 512 * MIB, 96, 96)
     # Wrong format, an offline policy: one line naming the problem, exit 2.
