@@ -141,3 +141,21 @@ def test_the_replay_command_runs_the_compatibility_mode(capsys: pytest.CaptureFi
     assert "--kvds-compat needs --trace PATH --format kvds-events" in capsys.readouterr().err
     assert main(["replay", "--trace", trace, "--format", "kvds-events", "--kvds-compat", "--policies", "belady"]) == 2
     assert "belady needs the future" in capsys.readouterr().err
+
+
+def test_in_kvbrokers_own_replay_deadline_edf_misses_fewer_than_deadline_aware_and_priority_lru() -> None:
+    """kvbroker's importer and cost model (``--format kvds-events`` on KVDS_TIERS_TOML),
+    128 MiB of HBM: the original's DeadlineAware misses 6 of 96 (ORIGINAL); deadline_edf,
+    earliest pending deadline first within a class, keeps every hot tail the decode reads,
+    at the price of more prefetch traffic (golden figures)."""
+    from broker.config import parse_config
+    from broker.replay.replay import replay
+    from broker.replay.traces import TraceOptions, read_trace
+    from broker.replay.traces.kvds import KVDS_TIERS_TOML
+
+    batches = list(read_trace(str(KVDS_DEADLINE_PRESSURE), "kvds-events", TraceOptions()))
+    config = parse_config(KVDS_TIERS_TOML).core
+    got = {p: replay(lambda: ((1, b) for b in batches), config, p).metrics for p in ("priority_lru", "deadline_aware", "deadline_edf")}
+    figures = {p: (m["dc_misses"], m["dc_accesses"], m["prefetches"]) for p, m in got.items()}
+    assert figures == {"priority_lru": (6, 96, 583), "deadline_aware": (6, 96, 0), "deadline_edf": (0, 96, 1800)}
+    assert got["deadline_edf"]["dc_misses"] < ORIGINAL[("deadline_aware", 128)]
