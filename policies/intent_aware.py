@@ -70,9 +70,14 @@ class IntentAwarePolicy(ScoredPolicy):
     would need a rescan on every event; instead a block's score is computed when it is
     inserted, read or updated, at that event's time, and kept until its next event, so
     between events the order drifts from the seed's (a deadline drawing near does not raise
-    a block it was not given with). The seed breaks no ties; this policy breaks them by
-    least recent read, then largest, then id. ``score`` reports minus the eviction score
-    (higher = kept), as the block was last keyed.
+    a block it was not given with). The seed breaks ties by the largest block, then the
+    largest object id; this policy by least recent read, then largest, then id. ``score``
+    reports minus the eviction score (higher = kept), as the block was last keyed.
+
+    kvds compatibility (``kvds`` set by broker/replay/kvds_compat.py, replay only): the same
+    formula, fed the seed's own labels (recency_score as decayed, static deadline_us,
+    target_decode_step, age from last_access_step) and keyed with the seed's tie rule; the
+    compatibility replay scores every candidate at the step it chooses, as the seed does.
     """
 
     name = "intent_aware"
