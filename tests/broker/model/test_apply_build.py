@@ -38,23 +38,23 @@ def reference(core: Core, intent: pb.MemoryIntent, owner: str) -> Block:
     deadline = intent.deadline_us if intent.HasField("deadline_us") else None
     block.critical = intent.priority == pb.PRIORITY_DECODE_CRITICAL
     block.due_us = deadline
-    block.slack_us = intent.slack_us if intent.HasField("slack_us") else None
-    if not core.ablate_intent:
+    if not core.ablate_intent:  # an ablation strips every field about the future
+        block.slack_us = intent.slack_us if intent.HasField("slack_us") else None
         block.phase = intent.phase
         block.priority = intent.priority
         block.deadline_us = deadline
-    block.recompute_cost_us = intent.recompute_cost_us if intent.HasField("recompute_cost_us") else None
-    block.spill_cost_us = intent.spill_cost_us if intent.HasField("spill_cost_us") else None
-    if intent.HasField("request_priority"):
-        block.request_priority = intent.request_priority
-    block.pin_requested = intent.pin_requested
-    block.is_draft = intent.is_draft
-    block.is_committed = intent.is_committed
-    if intent.HasField("expected_reuse_window_tokens"):
-        block.reuse_window = intent.expected_reuse_window_tokens
-    block.recompute_ok = intent.recompute_ok
-    block.compression_ok = intent.compression_ok
-    block.prefetch_ok = intent.prefetch_ok
+        block.recompute_cost_us = intent.recompute_cost_us if intent.HasField("recompute_cost_us") else None
+        block.spill_cost_us = intent.spill_cost_us if intent.HasField("spill_cost_us") else None
+        if intent.HasField("request_priority"):
+            block.request_priority = intent.request_priority
+        block.pin_requested = intent.pin_requested
+        block.is_draft = intent.is_draft
+        block.is_committed = intent.is_committed
+        if intent.HasField("expected_reuse_window_tokens"):
+            block.reuse_window = intent.expected_reuse_window_tokens
+        block.recompute_ok = intent.recompute_ok
+        block.compression_ok = intent.compression_ok
+        block.prefetch_ok = intent.prefetch_ok
     block.parent_id = intent.parent_block_id
     block.layer = intent.layer
     block.head_group = intent.head_group
