@@ -9,6 +9,7 @@ gives them (``--format kvds-events`` on KVDS_TIERS_TOML with the HBM size change
 importer and cost model), with the prefetches that replay made and the bytes it moved up.
 
     python bench/kvds_compare.py                               # the bundled deadline_pressure trace
+    python bench/kvds_compare.py --trace rag_mixed_priority.jsonl --trace long_context_extreme.jsonl --hbm 128
     python bench/kvds_compare.py --trace other.jsonl --hbm 128,256 --policies deadline_aware,deadline_edf
     python bench/kvds_compare.py --json
 """
@@ -37,7 +38,11 @@ ORIGINAL = {
     "deadline_pressure": {
         128: {"lru": 96, "hotcold": 96, "predictive_hotness": 96, "intent_aware": 6, "deadline_aware": 6},
         512: {"lru": 96, "hotcold": 96, "predictive_hotness": 0, "intent_aware": 0, "deadline_aware": 0},
-    }
+    },
+    # The held-out traces of the same generator (same flags, profiles rag_mixed_priority and
+    # long_context_extreme; not in the repository): DeadlineAware's figures from issue 22.
+    "rag_mixed_priority": {128: {"deadline_aware": 8}},
+    "long_context_extreme": {128: {"deadline_aware": 6}},
 }
 POLICIES = ["lru", "hotcold", "predictive_hotness", "intent_aware", "deadline_aware", "priority_lru", "deadline_edf"]
 
@@ -89,12 +94,19 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, default=TRACE, help="a kvds-events trace (default: the bundled deadline_pressure)")
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        help="a kvds-events trace, repeatable (default: the bundled deadline_pressure); "
+        "the original's figures are shown for a file named after its profile",
+    )
     ap.add_argument("--hbm", default="128,512", help="HBM sizes in MiB, comma-separated")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    records = rows(args.trace, [int(x) for x in args.hbm.split(",")], args.policies.split(","))
+    hbm = [int(x) for x in args.hbm.split(",")]
+    records = [r for trace in args.trace or [TRACE] for r in rows(trace, hbm, args.policies.split(","))]
     print(json.dumps(records, indent=2) if args.json else table(records))
     return 0
 
