@@ -24,6 +24,9 @@ class Ctx:
     def get_offload_key_position(self, key: Any) -> int | None:
         return self._positions.get(key)
 
+    def set_offload_key_position(self, key: Any, end_token: int) -> None:
+        self._positions[key] = end_token
+
 
 class Chunk:
     """vLLM's ChunkStatus: ref_cnt -1 while stored, 0 evictable, > 0 while loads read it."""
