@@ -17,7 +17,8 @@ vLLM calls                        kvbroker events
                                   victims (vLLM forgets them)
 ``clear()``                       ``cleared``
 ``on_request_access(keys, req)``  ``accessed`` of the resident keys that have a token position, tail
-                                  first (vLLM's LRU ranks them with the request, tails first)
+                                  first, ties by key (vLLM's LRU ranks them with the request,
+                                  tails first; docs/vllm.md says where this differs)
 ``mark_evictable`` / ``mark_non_evictable``, ``on_store_miss``, ``get``:
                                   no event (non-evictable chunks travel as protected ids)
 ================================  ===================================================================
@@ -291,10 +292,12 @@ class Translator:
         self._access(prefix_order(key_groups, req_context), req_context)
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
-        """A request's first access of chunks, before it finishes. vLLM's LRU ranks those
-        that have a token position as recent as the request, tails before heads; the
-        nearest kvbroker event is an access of the resident ones, tail first. Keys without
-        a position are left alone (vLLM's LRU leaves them too)."""
+        """A request's first access of chunks, before it finishes: an access of the resident
+        ones that have a token position, tail first (ties: by key). vLLM's LRU ranks them
+        (request, -position) with the rank the request took at its first use; the access
+        makes them the newest, as that rank is when the request is the newest (its first
+        call). Keys without a position are left alone (vLLM's LRU leaves them too).
+        docs/vllm.md ("How faithful") says what no event can express."""
         position = getattr(req_context, "get_offload_key_position", None)
         if position is None:
             return
@@ -302,7 +305,9 @@ class Translator:
         placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None]
         if not placed:
             return
-        placed.sort(key=lambda p: -p[0])
+        # vLLM's LRU ranks them (request, -position), and chunks of one rank (the KV cache
+        # groups of a token position) by key: tails first, then by key bytes.
+        placed.sort(key=lambda p: (-p[0], p[1]))
         ordered = [key for _, key in placed]
         ordered.reverse()  # _access reads the last first
         self._access(ordered, req_context)

@@ -26,6 +26,7 @@ from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
 ADAPTER_MODULE = "broker.offload.vllm_policy"
 ADAPTER_CLASS = "KvbrokerCachePolicy"
@@ -51,6 +52,28 @@ def vllm_manager(policy: str, num_chunks: int) -> CPUOffloadingManager:
     return Spec({"eviction_policy": policy}).get_manager(num_chunks)
 
 
+class LRUAnchoredPerCall(LRUCachePolicy):
+    """vLLM's own LRU with one change: a request's rank is renewed at every call that asks
+    for it (each ``on_request_access``, each positioned ``insert``), instead of being fixed
+    at the request's first use. A request-scoped use then counts as of the call that makes
+    it: the newest, tails before heads within the call. That is what move-to-end events can
+    express; the tests check that kvbroker's ``lru`` evicts exactly what this evicts, which
+    pins the one difference from vLLM's LRU (docs/vllm.md, "How faithful").
+
+    Overrides a private method of vLLM 0.33's LRUCachePolicy (``_get_request_rank``); a
+    vLLM that renames it fails the tests that use this loudly (the manager cannot build it)."""
+
+    def _get_request_rank(self, req_context: ReqContext) -> int:
+        assert hasattr(LRUCachePolicy, "_get_request_rank"), "vLLM's LRUCachePolicy changed"
+        self._next_rank += 1
+        return self._next_rank
+
+
+def anchored_lru_manager(num_chunks: int) -> CPUOffloadingManager:
+    """A manager with ``LRUAnchoredPerCall``, loaded by module path as vLLM loads any policy."""
+    return Spec({"eviction_policy": "LRUAnchoredPerCall", "cache_policy_module_path": __name__}).get_manager(num_chunks)
+
+
 def kvbroker_manager(policy: str, num_chunks: int, **extra: Any) -> CPUOffloadingManager:
     """A manager with kvbroker's adapter running ``policy`` (``kvbroker_*`` keys in ``extra``,
     without the prefix)."""
@@ -59,8 +82,11 @@ def kvbroker_manager(policy: str, num_chunks: int, **extra: Any) -> CPUOffloadin
     return Spec(config).get_manager(num_chunks)
 
 
-def key(n: int) -> Any:
-    return make_offload_key(n.to_bytes(8, "big"), 0)
+def key(n: int, group: int = 0) -> Any:
+    """Block ``n``'s key in KV cache group ``group``: groups hash alike blocks apart (so
+    the keys of one position sort in no particular group order)."""
+    digest = n if group == 0 else (n * 2654435761 + group * 0x9E3779B97F4A7C15) % 2**64
+    return make_offload_key(digest.to_bytes(8, "big"), group)
 
 
 @dataclasses.dataclass
@@ -85,8 +111,11 @@ def random_stream(
     doc_len: int = 24,
     concurrency: int = 4,
     reset_every: int = 0,
+    groups: int = 1,
 ) -> list[tuple[Any, ...]]:
-    """Run ``steps`` scheduler actions; the trace of every manager answer."""
+    """Run ``steps`` scheduler actions; the trace of every manager answer. ``groups``: KV
+    cache groups (a hybrid model's): each token position has one key per group, all with
+    the same position."""
     rng = random.Random(seed)
     trace: list[tuple[Any, ...]] = []
     active: list[Request] = []
@@ -106,14 +135,15 @@ def random_stream(
             req_rng = random.Random(rng.getrandbits(64))
             doc = req_rng.randrange(docs)
             shared = req_rng.randint(0, doc_len)
-            keys = [key(doc * 1000 + i) for i in range(shared)]
+            blocks = [doc * 1000 + i for i in range(shared)]
             for _ in range(req_rng.randint(1, 6)):
                 fresh += 1
-                keys.append(key(fresh))
+                blocks.append(fresh)
+            keys = [key(n, g) for n in blocks for g in range(groups)]
             ctx = ReqContext(req_id=f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None)
             if positions:
                 for i, k in enumerate(keys):
-                    ctx.set_offload_key_position(k, (i + 1) * 16)
+                    ctx.set_offload_key_position(k, (i // groups + 1) * 16)
             manager.on_new_request(ctx)
             active.append(Request(ctx, keys, req_rng))
             continue

@@ -2,12 +2,12 @@
 ``vllm``: run by .ci/run in its own venv, ``pytest -m vllm``).
 
 - faithfulness: kvbroker's ``lru`` makes vLLM's manager answer exactly as vLLM's own LRU
-  does (every lookup, every store's stored and evicted keys) over long random streams where
-  the two definitions agree (requests without token positions: vLLM's LRU is then plain
-  recency). Where they differ (vLLM's LRU with token positions ranks a running request's
-  chunks by when the request started, tails first; vLLM's ARC does not promote on a store
-  and picks its victims one at a time against its target), the traces agree up to the first
-  eviction that differs, and the difference is measured (docs/vllm.md).
+  does (every lookup, every store's stored and evicted keys) over long random streams of
+  concurrent requests without token positions; with token positions, exactly as vLLM's LRU
+  with one change, a request's rank taken at each call instead of at its first use
+  (``LRUAnchoredPerCall``): that anchor is the one difference, which no kvbroker event
+  can express (shown on the smallest case). Where vLLM's ARC differs (docs/vllm.md), the
+  traces agree up to the first eviction that differs, and the difference is measured.
 - contract: through the manager, every eviction the adapter grants names chunks the manager
   can drop (evictable, not protected), the manager never raises, and the adapter's core
   holds exactly the manager's chunks.
@@ -59,12 +59,108 @@ def evicted(trace: list[tuple[Any, ...]]) -> int:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_kvbroker_lru_evicts_exactly_what_vllm_lru_evicts(seed: int) -> None:
     steps = 30_000
-    for capacity, docs in ((24, 8), (64, 20)):
-        theirs = driver().random_stream(driver().vllm_manager("lru", capacity), seed, steps, docs=docs, reset_every=9_000)
-        ours = driver().random_stream(driver().kvbroker_manager("lru", capacity), seed, steps, docs=docs, reset_every=9_000)
+    for capacity, docs, concurrency in ((24, 8, 4), (64, 20, 8)):
+        stream = {"docs": docs, "concurrency": concurrency, "reset_every": 9_000}
+        theirs = driver().random_stream(driver().vllm_manager("lru", capacity), seed, steps, **stream)
+        ours = driver().random_stream(driver().kvbroker_manager("lru", capacity), seed, steps, **stream)
         assert first_difference(theirs, ours) is None
         assert evicted(ours) > 1000 and sum(x[2] for x in ours if x[0] == "lookup") > 200  # it evicts, and hits
         assert ("reset",) in ours
+
+
+@pytest.mark.parametrize(("seed", "groups"), [(1, 1), (2, 1), (3, 2), (4, 2)])
+def test_with_token_positions_kvbroker_lru_evicts_exactly_what_vllm_lru_anchored_per_call_evicts(seed: int, groups: int) -> None:
+    """Token positions as vLLM's scheduler sets them, several requests in flight, one or two
+    KV cache groups (a hybrid model's: two keys per position): kvbroker's lru answers as
+    vLLM's own LRU does once a request's rank is taken at each call (``LRUAnchoredPerCall``,
+    vLLM's class with that one method changed)."""
+    steps = 20_000
+    for capacity, docs, concurrency in ((40, 12, 4), (128, 40, 8)):
+        stream = {"positions": True, "docs": docs, "concurrency": concurrency, "groups": groups, "reset_every": 7_000}
+        theirs = driver().random_stream(driver().anchored_lru_manager(capacity), seed, steps, **stream)
+        ours = driver().random_stream(driver().kvbroker_manager("lru", capacity), seed, steps, **stream)
+        assert first_difference(theirs, ours) is None
+        assert evicted(ours) > 1000 and sum(x[2] for x in ours if x[0] == "lookup") > 200
+        # vLLM's own LRU differs on the same stream (the anchor matters here).
+        vllms = driver().random_stream(driver().vllm_manager("lru", capacity), seed, steps, **stream)
+        assert first_difference(vllms, ours) is not None
+
+
+def lru_answers(manager: Any) -> tuple[list[Any], list[Any]]:
+    """The smallest case where vLLM's LRU places a chunk below the newest end: what the
+    manager evicts (once for room, once more), keys a, b, k.
+
+    a and b are stored (b the older); request A reads a (its first use: A's rank), then
+    another request touches b (newer than A), then A stores k at a later token position:
+    vLLM ranks k with A, tail before head, so below a and b."""
+    from vllm.v1.kv_offload.base import ReqContext
+
+    key = driver().key
+    a, b, k = key(1), key(2), key(3)
+    first = ReqContext(req_id="first")
+    manager.on_new_request(first)
+    manager.prepare_store([a, b], first)
+    manager.complete_store([a, b], first)
+    manager.on_request_finished(first)
+    running = ReqContext(req_id="running")
+    running.set_offload_key_position(a, 16)
+    running.set_offload_key_position(k, 32)
+    manager.on_new_request(running)
+    manager.prepare_load([a], running)
+    manager.complete_load([a], running)
+    toucher = ReqContext(req_id="toucher")
+    manager.on_new_request(toucher)
+    manager.touch([b], toucher)
+    out = manager.prepare_store([k], running)
+    assert out is not None and out.evicted_keys == []
+    manager.complete_store([k], running)
+    victims = []
+    for n in (4, 5):
+        late = ReqContext(req_id=f"late{n}")
+        manager.on_new_request(late)
+        got = manager.prepare_store([key(n)], late)
+        assert got is not None
+        victims += list(got.evicted_keys)
+    return victims, [a, b, k]
+
+
+def test_vllm_lru_ranks_a_running_requests_new_chunk_below_older_uses_which_no_event_expresses() -> None:
+    """vLLM's LRU evicts k (just stored by a running request) before a and b; kvbroker's
+    lru, whose events each make a chunk the newest, evicts a, then b. Making k older than a
+    and b would take accesses of a and b after k's allocation: reads that did not happen
+    (docs/vllm.md, "How faithful")."""
+    theirs, (a, b, k) = lru_answers(driver().vllm_manager("lru", 3))
+    assert theirs == [k, a]
+    ours, _ = lru_answers(driver().kvbroker_manager("lru", 3))
+    assert ours == [a, b]
+    anchored, _ = lru_answers(driver().anchored_lru_manager(3))
+    assert anchored == ours
+
+
+def test_chunks_of_one_token_position_leave_in_vllms_key_order() -> None:
+    """Two KV cache groups' keys at one position, read by a request: vLLM's LRU gives them
+    one rank and evicts the smaller key first; so does kvbroker's lru through the adapter."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+
+    def victims(manager: Any) -> list[Any]:
+        high, low = make_offload_key(b"\xff" * 8, 0), make_offload_key(b"\x00" * 8, 1)
+        first = ReqContext(req_id="first")
+        manager.on_new_request(first)
+        manager.prepare_store([high, low], first)
+        manager.complete_store([high, low], first)
+        manager.on_request_finished(first)
+        reader = ReqContext(req_id="reader")
+        for x in (high, low):
+            reader.set_offload_key_position(x, 16)
+        manager.on_new_request(reader)
+        manager.prepare_load([high, low], reader)
+        manager.complete_load([high, low], reader)
+        out = manager.prepare_store([driver().key(9)], ReqContext(req_id="new"))
+        assert out is not None
+        return list(out.evicted_keys)
+
+    assert victims(driver().vllm_manager("lru", 2)) == [make_offload_key(b"\x00" * 8, 1)]
+    assert victims(driver().kvbroker_manager("lru", 2)) == victims(driver().vllm_manager("lru", 2))
 
 
 def test_on_the_mooncake_trace_with_token_positions_lru_evicts_what_vllm_lru_evicts() -> None:
