@@ -116,6 +116,13 @@ def test_a_request_is_read_tail_first_at_its_first_access_and_at_its_finish() ->
     r.t.on_request_finished([[k(3), k(1)], [k(4), k(2)]], {k(4)}, {k(1), k(3)}, live)
     assert r.take() == [("accessed", [4, 3, 2, 1])]
     assert r.order() == [4, 3, 2, 1]
+    # Keys at one position (two KV cache groups) share vLLM's rank and leave by key bytes:
+    # the smaller is read first, so it stays the older.
+    tied = request("tied", {5: 16, 2: 16, 1: 32})
+    store(r, request("other"), 5)
+    r.take()
+    r.t.on_request_access([k(5), k(2), k(1)], tied)
+    assert r.take() == [("accessed", [1, 2, 5])]
     # Without every key's position, the groups' keys as given, the last first.
     partial = request("partial", {1: 16})
     r.t.on_request_finished([[k(2), k(1)], [k(3)]], set(), set(), partial)
