@@ -15,8 +15,8 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 # (x, y, width, height, title, lines, colour): the boxes, in data units of a 16 x 9 canvas.
 BOXES = [
@@ -24,9 +24,25 @@ BOXES = [
     (1.0, 3.9, 2.9, 2.0, "clients/", ["BrokerClient,", "SyncBrokerClient,", "vllm-bridge"], "#dbe9f6"),
     (0.3, 0.5, 3.6, 2.3, "vLLM CachePolicy", ["kvbroker's policy in", "vLLM's CPU offload tier"], "#dbe9f6"),
     (5.4, 5.5, 4.2, 3.0, "broker/service", ["gRPC on uvloop: decode,", "validate, tenants, limits,", "health, metrics"], "#fde9c9"),
-    (5.4, 1.3, 4.2, 3.0, "broker/model", ["residency across tiers,", "the policy (policies/),", "directives: pure, deterministic"], "#fde9c9"),
+    (
+        5.4,
+        1.3,
+        4.2,
+        3.0,
+        "broker/model",
+        ["residency across tiers,", "the policy (policies/),", "directives: pure, deterministic"],
+        "#fde9c9",
+    ),
     (11.2, 5.5, 4.4, 3.0, "broker/journal", ["every accepted batch,", "in apply order: a file", "or Redis streams"], "#e3f1dc"),
-    (11.2, 0.5, 4.4, 3.5, "kvbroker replay", ["journals or real traces", "through N policies and", "the same core: tables,", "JSON, plots, --verify"], "#e3f1dc"),
+    (
+        11.2,
+        0.5,
+        4.4,
+        3.5,
+        "kvbroker replay",
+        ["journals or real traces", "through N policies and", "the same core: tables,", "JSON, plots, --verify"],
+        "#e3f1dc",
+    ),
 ]
 
 # (start, end, label, label position, dashed): the arrows, by their end points.
