@@ -15,7 +15,7 @@ libCacheSim's requests minus misses).
 
     python bench/replay_vs_libcachesim.py                    # Mooncake trace, 1M tokens
     python bench/replay_vs_libcachesim.py --repeat 3 --json
-    python bench/replay_vs_libcachesim.py --quick            # 300 batches: checks the output, not the figure
+    python bench/replay_vs_libcachesim.py --quick            # 40 batches: checks the output, not the figure
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", default="mooncake")
     ap.add_argument("--size", default="1000000tok", help="the one tier's capacity (tokens with 'tok', else bytes)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per side; the median time is reported")
-    ap.add_argument("--quick", action="store_true", help="the first 300 batches of the trace and one run: the output, not the figure")
+    ap.add_argument("--quick", action="store_true", help="the first 40 batches of the trace and one run: the output, not the figure")
     ap.add_argument("--json", action="store_true", help="one JSON record per algorithm")
     args = ap.parse_args(argv)
     if args.repeat < 1:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = list(read_trace(args.trace, args.format, TraceOptions(decode=False)))
     if args.quick:
-        batches, args.repeat = batches[:300], 1
+        batches, args.repeat = batches[:40], 1
     seq, block_bytes = allocated_ids(batches)
     data = [b.SerializeToString() for b in batches]
     del batches
