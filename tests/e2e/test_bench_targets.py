@@ -7,6 +7,7 @@ sequence give libCacheSim's hits exactly). The figures are not test material.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -99,3 +100,15 @@ def test_policy_instructions_prints_the_scaling_target_line() -> None:
     out = run(sys.executable, "bench/policy_instructions.py", "--quick", "--policies", "lru")
     found = verdicts(out)
     assert found.get("instructions/op lru: 3,000 blocks over 1,000 (the target is 1M over 10k)") in ("met", "missed"), out
+
+
+def test_compact_layout_counts_its_columns_and_measures_each_layout() -> None:
+    """bench/compact_layout.py: the proposed layout's arrays, by the widths it says."""
+    records = {}
+    for flags in ((), ("--tight",), ("--ids-only",)):
+        out = run(sys.executable, "bench/compact_layout.py", "--blocks", "20000", "--json", *flags)
+        records[flags] = json.loads(out)
+    assert records[()]["array_bytes_per_block"] == 16 * 8 + 10 * 4 + 2 * 4
+    assert records[("--tight",)]["array_bytes_per_block"] == 6 * 8 + 14 * 4 + 6 * 1 + 2 * 4
+    assert records[("--ids-only",)]["array_bytes_per_block"] == 0
+    assert all(r["rss_bytes_per_block"] > 0 for r in records.values())
