@@ -87,10 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--format", default="mooncake")
     ap.add_argument("--size", default="1000000tok", help="the one tier's capacity (tokens with 'tok', else bytes)")
+    ap.add_argument("--policies", default=",".join(p for p, _ in REPLAY_ALGORITHMS), help="a subset of lru,fifo,s3fifo,arc")
     ap.add_argument("--repeat", type=int, default=1, help="runs per side; the median time is reported")
     ap.add_argument("--quick", action="store_true", help="the first 40 batches of the trace and one run: the output, not the figure")
     ap.add_argument("--json", action="store_true", help="one JSON record per algorithm")
     args = ap.parse_args(argv)
+    chosen = [p for p in args.policies.split(",") if p]
+    known = [p for p, _ in REPLAY_ALGORITHMS]
+    if not chosen or set(chosen) - set(known):
+        print(f"replay_vs_libcachesim: --policies: each one of {','.join(known)}, got {args.policies!r}", file=sys.stderr)
+        return 2
     if args.repeat < 1:
         print(f"replay_vs_libcachesim: --repeat: must be >= 1, got {args.repeat}", file=sys.stderr)
         return 2
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(tmp, "trace.oracleGeneral")
         write_oracle(seq, path)
         for policy, algorithm in REPLAY_ALGORITHMS:
+            if policy not in chosen:
+                continue
             ours = [kvbroker_run(data, policy, capacity) for _ in range(args.repeat)]
             theirs = [libcachesim_run(algorithm, path, len(seq), blocks) for _ in range(args.repeat)]
             row = {

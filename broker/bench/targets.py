@@ -41,6 +41,8 @@ class Line:
     at_most: bool = True
     unit: str = ""
     note: str = ""
+    # A yes/no target (figure 1.0 or 0.0 against a bound of 1): said as yes/no, no ratio.
+    boolean: bool = False
 
     @property
     def met(self) -> bool | None:
@@ -53,6 +55,8 @@ class Line:
         if self.figure is None:
             return f"  not measured {self.what}: target {sign} {self.bound:g}{self.unit}" + (f" ({self.note})" if self.note else "")
         flag = "met   " if self.met else "missed"
+        if self.boolean:
+            return f"  {flag} {self.what}: {'yes' if self.met else 'no'}" + (f" ({self.note})" if self.note else "")
         ratio = self.figure / self.bound if self.bound else float("inf")
         text = f"  {flag} {self.what}: {self.figure:,.4g}{self.unit}, target {sign} {self.bound:g}{self.unit} ({ratio:.2f} of the bound)"
         return text + (f"; {self.note}" if self.note else "")
@@ -127,14 +131,9 @@ def replay_lines(rows: list[dict[str, Any]]) -> list[Line]:
             f"hits {row['kvbroker_hits']} vs {row['libcachesim_hits']}: {same}"
         )
         out.append(Line(what, row["kvbroker_seconds"] / row["libcachesim_seconds"], REPLAY_RATIO, note=note))
-        out.append(
-            Line(
-                f"replay {policy}: hits equal libCacheSim {algorithm}'s",
-                float(row["kvbroker_hits"] == row["libcachesim_hits"]),
-                1.0,
-                at_most=False,
-            )
-        )
+        hits = f"{row['kvbroker_hits']} and {row['libcachesim_hits']}"
+        same_hits = float(row["kvbroker_hits"] == row["libcachesim_hits"])
+        out.append(Line(f"replay {policy}: hits equal libCacheSim {algorithm}'s", same_hits, 1.0, at_most=False, note=hits, boolean=True))
     return out
 
 

@@ -86,6 +86,7 @@ def test_replay_lines_compare_time_and_hits() -> None:
     assert by["replay lru: hits equal libCacheSim LRU's"].met is True
     assert by["replay arc vs libCacheSim ARC: time over libCacheSim's"].met is False
     assert by["replay arc: hits equal libCacheSim ARC's"].met is False
+    assert by["replay arc: hits equal libCacheSim ARC's"].render() == "  missed replay arc: hits equal libCacheSim ARC's: no (7 and 8)"
     assert {p for p, _ in REPLAY_ALGORITHMS} == {"lru", "fifo", "s3fifo", "arc"}
 
 
