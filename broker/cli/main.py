@@ -883,7 +883,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="finished requests release their blocks (kept cached, as vLLM's prefix cache does) instead of freeing them: "
         "HBM fills and every new block displaces one (the eviction path and its directives are measured)",
     )
-    p.add_argument("--memory", action="store_true", help="also measure RSS per tracked block (100k and 1M blocks; --quick 100k)")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="also measure RSS per tracked block, for each --memory-policies (100k and 1M blocks; --quick 100k)",
+    )
     p.add_argument("--memory-blocks", help="block counts of the memory benchmark, e.g. 100000,1000000 (implies --memory)")
     p.add_argument(
         "--memory-policies",
