@@ -101,6 +101,9 @@ def full_path_lines(records: list[dict[str, Any]]) -> list[Line]:
             for r in found:
                 label = f"full path batch {batch} x {r['streams']} streams, {journal} journal: events/s over echo's"
                 note = f"{r['events_per_s']:,.0f} against {r['echo_events_per_s'] or 0:,.0f} events/s"
+                if r.get("cpu_us_per_event") and r.get("echo_cpu_us_per_event"):
+                    # Steadier than the rates on a shared host: where CPU bound, the ratio is about its inverse.
+                    note += f"; CPU {r['cpu_us_per_event']} against {r['echo_cpu_us_per_event']} us/event"
                 out.append(Line(label, r["ratio_to_echo"], least, at_most=False, note=note))
     for batch, streams, _ in FULL_PATH:
         shape = f"batch {batch} x {streams} streams" if streams else f"batch {batch}"

@@ -59,6 +59,8 @@ def test_full_path_has_a_ratio_and_a_p99_line_for_each_shape_and_journal() -> No
     assert p99["p99 at 50% load, batch 256 x 4 streams, file journal, over echo's p99 at that rate"].figure == 3.0
     assert p99["p99 at 50% load, batch 256 x 4 streams, redis journal, over echo's p99 at that rate"].met is False
     assert not any("none journal" in t for t in text)
+    with_cpu = full_path_lines([{**records[0], "cpu_us_per_event": 3.0, "echo_cpu_us_per_event": 0.5}])
+    assert with_cpu[0].note.endswith("; CPU 3.0 against 0.5 us/event")
 
 
 def test_memory_has_a_line_per_policy_at_its_largest_count() -> None:
