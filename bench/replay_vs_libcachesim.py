@@ -8,7 +8,9 @@ kvbroker then replays those bytes (decode, apply, policy: what ``kvbroker replay
 journal read aside), and libCacheSim runs the block ids those batches allocate, in the same
 order, through its C trace loop (``process_trace`` on an oracleGeneral file written once:
 no Python per request, the fastest libCacheSim there is). Blocks are uniform, so libCacheSim
-counts in blocks (size 1, capacity = the tier's bytes // the block's bytes). Each side's time
+counts in blocks (size 1, capacity = the tier's bytes // the block's bytes). s3fifo runs
+with ``variant=libcachesim, move_to_main_threshold=2``, the parameters that make it
+libCacheSim's S3FIFO (policies/s3fifo.py). Each side's time
 is this process's CPU time (``time.process_time``: both sides run on one thread, and on a
 shared host wall time counts the other tenants too), the median of ``--repeat`` runs; the hits must be equal (kvbroker's prefix hits,
 libCacheSim's requests minus misses).
@@ -34,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.bench.targets import REPLAY_ALGORITHMS, render, replay_lines  # noqa: E402
+from broker.bench.targets import REPLAY_ALGORITHMS, REPLAY_PARAMS, render, replay_lines  # noqa: E402
 from broker.replay.replay import replay  # noqa: E402
 from broker.replay.sweep import parse_capacity, single_tier  # noqa: E402
 from broker.replay.traces import TraceOptions, read_trace  # noqa: E402
@@ -75,10 +77,10 @@ def libcachesim_run(algorithm: str, path: str, requests: int, capacity_blocks: i
     return round(requests * (1 - miss_ratio)), seconds
 
 
-def kvbroker_run(data: list[bytes], policy: str, capacity: int) -> tuple[int, float, int]:
+def kvbroker_run(data: list[bytes], policy: str, capacity: int, params: dict[str, Any] | None = None) -> tuple[int, float, int]:
     """(prefix hits, seconds, events) of kvbroker's replay of the serialized batches."""
     started = time.process_time()
-    result = replay(lambda: ((1, b) for b in data), single_tier(capacity), policy)
+    result = replay(lambda: ((1, b) for b in data), single_tier(capacity), policy, params)
     return int(result.metrics["prefix_hits"]), time.process_time() - started, result.events
 
 
@@ -107,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     seq, block_bytes = allocated_ids(batches)
     data = [b.SerializeToString() for b in batches]
     del batches
-    capacity = parse_capacity(args.size, TraceOptions.bytes_per_token, "--size")
-    blocks = capacity // block_bytes
+    # Whole blocks on both sides: ARC's and S3-FIFO's targets are fractions of the capacity.
+    blocks = parse_capacity(args.size, TraceOptions.bytes_per_token, "--size") // block_bytes
+    capacity = blocks * block_bytes
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvbroker-lcs-") as tmp:
         path = os.path.join(tmp, "trace.oracleGeneral")
@@ -116,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         for policy, algorithm in REPLAY_ALGORITHMS:
             if policy not in chosen:
                 continue
-            ours = [kvbroker_run(data, policy, capacity) for _ in range(args.repeat)]
+            params = REPLAY_PARAMS.get(policy)
+            ours = [kvbroker_run(data, policy, capacity, params) for _ in range(args.repeat)]
             theirs = [libcachesim_run(algorithm, path, len(seq), blocks) for _ in range(args.repeat)]
             row = {
                 "policy": policy,
                 "algorithm": algorithm,
+                "params": params or {},
                 "size": args.size,
                 "blocks": blocks,
                 "requests": len(seq),
