@@ -12,6 +12,10 @@ means no operation walks the resident blocks; the time ratio is then cache misse
 
     python bench/policy_instructions.py --policies lru,deadline_edf   # about 6 min a policy
     python bench/policy_instructions.py --sizes 10000,100000 --json
+    python bench/policy_instructions.py --quick --policies lru     # 1k and 3k blocks: the output, not the figure
+
+Prints the issue 24 target line per policy (at most 1.5x from 10k to 1M); exits 1 when a
+policy grows more than 3x (no operation may walk the resident blocks).
 
 Needs valgrind (Debian: ``apt-get install valgrind``). Slow: every instruction of a
 million-block fill is simulated, twice.
@@ -27,6 +31,7 @@ import shutil
 import subprocess
 import sys
 
+from broker.bench.targets import INSTRUCTION_RATIO, instruction_lines, render
 from policies import registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,7 +65,10 @@ def main() -> int:
     parser.add_argument("--ops", default="20000,120000", help="the two operation counts whose difference is measured")
     parser.add_argument("--policies", default="")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="sizes 1000,3000 and ops 200,400: checks the output, not the figure")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.ops = "1000,3000", "200,400"
     if shutil.which("valgrind") is None:
         print("policy_instructions: valgrind is not installed (apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -71,16 +79,22 @@ def main() -> int:
         return 2
     names = [p for p in args.policies.split(",") if p] or registry.names()
     failed = []
+    rows = []
     for name in names:
         row = [per_op(name, n, low, high) for n in sizes]
         ratio = row[-1] / row[0]
         if ratio > 3.0:
             failed.append(name)
+        rows.append({"policy": name, "sizes": sizes, "instructions_per_op": [round(x) for x in row], "ratio": round(ratio, 3)})
         if args.json:
-            print(json.dumps({"policy": name, "sizes": sizes, "instructions_per_op": [round(x) for x in row], "ratio": round(ratio, 3)}))
+            print(json.dumps(rows[-1]), flush=True)
         else:
             cells = "  ".join(f"{n:>9,}: {x:>8,.0f} instructions/op" for n, x in zip(sizes, row, strict=True))
-            print(f"{name:<20} {cells}  ratio {ratio:4.2f} {'ok' if ratio <= 3.0 else 'OVER 3x'}", flush=True)
+            verdict = "ok" if ratio <= INSTRUCTION_RATIO else ("over 1.5x" if ratio <= 3.0 else "OVER 3x")
+            print(f"{name:<20} {cells}  ratio {ratio:4.2f} {verdict}", flush=True)
+    if not args.json:
+        print()
+        print(render("instructions per operation, largest size over smallest", instruction_lines(rows, names)))
     if failed:
         print(f"instructions per operation grew more than 3x for: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ belongs to which structure, and so what a change of representation could save.
 
     python bench/memory.py                       # 100k and 1M blocks
     python bench/memory.py --breakdown           # and the objects counted, by owner and type
+    python bench/memory.py --targets --blocks 1000000   # the issue's five policies, each one's target line
     kvbroker bench --memory --memory-blocks 100000,1000000
 """
 
@@ -203,9 +204,17 @@ def measure_blocks(blocks: int, policy: str = "deadline_edf", timeout: float = 6
 
 
 def main(argv: list[str] | None = None) -> int:
+    from broker.bench.targets import MEMORY_POLICIES, memory_lines, render
+
     parser = argparse.ArgumentParser(description="RSS per tracked block of the broker's core")
     parser.add_argument("--blocks", default="100000,1000000", help="comma-separated block counts (each in a fresh process)")
-    parser.add_argument("--policy", default="deadline_edf")
+    parser.add_argument("--policy", default="deadline_edf", help="comma-separated policies (each block count in a fresh process)")
+    parser.add_argument(
+        "--targets",
+        action="store_true",
+        help=f"measure the issue's five policies ({','.join(MEMORY_POLICIES)}) and print each one's target line",
+    )
+    parser.add_argument("--quick", action="store_true", help="20,000 blocks only: checks the output, not the figure (the target is at 1M)")
     parser.add_argument("--json", action="store_true", help="one JSON record per block count")
     parser.add_argument(
         "--breakdown",
@@ -217,11 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(_child(args.child, args.policy, args.breakdown)))
         return 0
-    for blocks in (int(b) for b in args.blocks.split(",") if b.strip()):
-        record = measure_blocks(blocks, args.policy, with_breakdown=args.breakdown)
-        if args.json:
-            print(json.dumps(record), flush=True)
-        else:
+    policies = MEMORY_POLICIES if args.targets else tuple(p for p in args.policy.split(",") if p.strip())
+    sizes = [20_000] if args.quick else [int(b) for b in args.blocks.split(",") if b.strip()]
+    records = []
+    for policy in policies:
+        for blocks in sizes:
+            record = measure_blocks(blocks, policy, with_breakdown=args.breakdown)
+            records.append(record)
+            if args.json:
+                print(json.dumps(record), flush=True)
+                continue
             print(
                 f"{blocks:>10,} blocks  {record['rss_bytes_per_block']:>8.1f} bytes of RSS per block  "
                 f"({record['policy']}, {record['allocations_per_s']:,.0f} allocations/s; "
@@ -230,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.breakdown:
                 print(breakdown_table(record), flush=True)
+    if not args.json:
+        print()
+        print(render("memory (RSS per tracked block, policy state included)", memory_lines(records, policies)))
     return 0
 
 

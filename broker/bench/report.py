@@ -1,4 +1,4 @@
-"""What `kvbroker bench` prints without --json: the table and the issue's targets."""
+"""What `kvbroker bench` prints without --json: the table (the targets: broker.bench.targets)."""
 
 from __future__ import annotations
 
@@ -28,36 +28,3 @@ def format_table(records: list[dict[str, Any]]) -> str:
             f"{ms(r['p999_ms_at_90'], 8)} {cpu:>9} {rss:>9}"
         )
     return "\n".join(lines)
-
-
-TARGETS = (
-    # (what, batch, streams, journal, check on the record, the figure shown)
-    ("batch 256, 4 streams, redis: >= 300,000 events/s", 256, 4, "redis", lambda r: r["events_per_s"] >= 300_000, "events_per_s"),
-    (
-        "batch 256, 4 streams, redis: >= 50% of the echo ceiling",
-        256,
-        4,
-        "redis",
-        lambda r: (r["ratio_to_echo"] or 0) >= 0.5,
-        "ratio_to_echo",
-    ),
-    ("batch 64: >= 120,000 events/s", 64, None, "redis", lambda r: r["events_per_s"] >= 120_000, "events_per_s"),
-    (
-        "batch 64: p99 < 2 ms at 50% of the maximum rate",
-        64,
-        None,
-        "redis",
-        lambda r: r["p99_ms"] is not None and r["p99_ms"] < 2.0,
-        "p99_ms",
-    ),
-)
-
-
-def target_lines(records: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets against the full path (Redis journal), where measured."""
-    lines = []
-    for what, batch, streams, journal, check, key in TARGETS:
-        for r in records:
-            if r["batch"] == batch and (streams is None or r["streams"] == streams) and r["journal"] == journal:
-                lines.append(f"  {'met   ' if check(r) else 'missed'} {what} (streams {r['streams']}: {key} {r[key]})")
-    return lines

@@ -37,7 +37,8 @@ from typing import Any
 
 from broker.bench.load import RunResult, RunSpec
 from broker.bench.procs import BenchError, Server, Workers, broker_argv, cpu_seconds, echo_argv, peak_rss_bytes
-from broker.bench.report import format_table, target_lines
+from broker.bench.report import format_table
+from broker.bench.targets import MEMORY_POLICIES, full_path_lines, memory_lines, render
 from broker.bench.workload import BENCH_TIERS, run_tag
 
 JOURNALS = ("none", "file", "redis")
@@ -62,8 +63,9 @@ class BenchOptions:
 
     @staticmethod
     def quick(**changes: Any) -> BenchOptions:
-        """Under a minute: batches 64 and 256 on four streams, no journal and Redis, 1 s runs."""
-        base = BenchOptions(events=60_000, seconds=1.0, batches=(64, 256), streams=(4,), journals=("none", "redis"))
+        """About a minute: batches 64 and 256 on four streams, each journal (the targets name
+        the file and Redis journals), 1 s runs."""
+        base = BenchOptions(events=60_000, seconds=1.0, batches=(64, 256), streams=(4,), journals=JOURNALS)
         return dataclasses.replace(base, **changes)
 
 
@@ -360,7 +362,9 @@ def _record(
     }
 
 
-def main(opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = ()) -> int:
+def main(
+    opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = (), memory_policies: tuple[str, ...] = MEMORY_POLICIES
+) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
@@ -381,22 +385,22 @@ def main(opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = 
     if memory_blocks:
         from broker.bench.memory import measure_blocks
 
-        for blocks in memory_blocks:
-            try:
-                memory.append(measure_blocks(blocks, opts.policy))
-            except (RuntimeError, ValueError) as exc:
-                print(f"kvbroker bench: memory: {exc}", file=sys.stderr)
-                return 2
-            log(f"memory: {blocks:,} blocks: {memory[-1]['rss_bytes_per_block']:.0f} bytes of RSS per block")
+        for policy in memory_policies:
+            for blocks in memory_blocks:
+                try:
+                    memory.append(measure_blocks(blocks, policy))
+                except (RuntimeError, ValueError) as exc:
+                    print(f"kvbroker bench: memory: {exc}", file=sys.stderr)
+                    return 2
+                log(f"memory: {policy}: {blocks:,} blocks: {memory[-1]['rss_bytes_per_block']:.0f} bytes of RSS per block")
     if as_json:
         for record in memory:
             print(json.dumps(record), flush=True)
         return 0
-    print(format_table(records))
-    lines = target_lines(records)
-    if lines:
-        print("\ntargets (full path: gRPC + core + Redis journal):")
-        print("\n".join(lines))
+    if records:
+        print(format_table(records))
+        print()
+        print(render("full path (gRPC + core + journal) against the echo ceiling, same run", full_path_lines(records)))
     for m in memory:
         print(
             f"\nmemory: {m['blocks']:,} tracked blocks: {m['rss_bytes_per_block']:.0f} bytes of RSS per block ({m['policy']}); "
@@ -404,10 +408,7 @@ def main(opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = 
             end="",
         )
     if memory:
-        print()
-    for m in memory:
-        if m["blocks"] == 1_000_000:
-            met = "met   " if m["rss_bytes_per_block"] <= 300 else "missed"
-            print(f"  {met} at most 300 bytes of RSS per tracked block at 1M blocks ({m['rss_bytes_per_block']:.0f})")
+        print("\n")
+        print(render("memory", memory_lines(memory, memory_policies)))
     log(f"done in {time.monotonic() - started:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

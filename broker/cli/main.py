@@ -632,6 +632,7 @@ def _int_list(value: str, flag: str) -> tuple[int, ...]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from broker.bench.run import JOURNALS, BenchOptions
     from broker.bench.run import main as bench_main
+    from broker.bench.targets import MEMORY_POLICIES
 
     try:
         batches = _int_list(args.batches, "--batches") if args.batches else None
@@ -678,7 +679,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions.quick(**changes) if args.quick else dataclasses.replace(BenchOptions(), **changes)
     if memory_blocks is None and args.memory:
         memory_blocks = (100_000,) if args.quick else (100_000, 1_000_000)
-    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or ())
+    memory_policies = MEMORY_POLICIES
+    if args.memory_policies is not None:
+        memory_policies = tuple(p.strip() for p in args.memory_policies.split(",") if p.strip())
+        for name in memory_policies or ("",):
+            try:
+                registry.policy_class(name)
+            except PolicyError as exc:
+                print(f"kvbroker bench: --memory-policies: {exc}", file=sys.stderr)
+                return 2
+    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or (), memory_policies=memory_policies)
 
 
 def _trace_options(args: argparse.Namespace) -> Any:
@@ -858,7 +868,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--events", type=positive_int, help="events per run, over all streams (default 400000; --quick 60000)")
     p.add_argument("--seconds", type=positive_float, help="longest sending time of one run (default 5; --quick 1)")
-    p.add_argument("--quick", action="store_true", help="under a minute: batches 64,256, 4 streams, journals none,redis, 1 s runs")
+    p.add_argument("--quick", action="store_true", help="about a minute: batches 64,256, 4 streams, journals none,file,redis, 1 s runs")
     p.add_argument("--json", action="store_true", help="one JSON record per line: per configuration, then per memory size")
     p.add_argument("--batches", help="comma-separated batch sizes (default 1,64,256)")
     p.add_argument("--streams", help="comma-separated stream counts, one load process each (default 1,4)")
@@ -873,8 +883,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="finished requests release their blocks (kept cached, as vLLM's prefix cache does) instead of freeing them: "
         "HBM fills and every new block displaces one (the eviction path and its directives are measured)",
     )
-    p.add_argument("--memory", action="store_true", help="also measure RSS per tracked block (100k and 1M blocks; --quick 100k)")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="also measure RSS per tracked block, for each --memory-policies (100k and 1M blocks; --quick 100k)",
+    )
     p.add_argument("--memory-blocks", help="block counts of the memory benchmark, e.g. 100000,1000000 (implies --memory)")
+    p.add_argument(
+        "--memory-policies",
+        help="policies of the memory benchmark, comma-separated (default: the issue's five, lru,s3fifo,arc,prefix_aware,deadline_edf)",
+    )
     p.set_defaults(func=cmd_bench)
     return parser
 
