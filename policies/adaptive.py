@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from policies.base import Block, Policy, PolicyContext
+from policies.base import Block, Policy, PolicyContext, take_until
 from policies.structures import SortedKeys
 
 TAIL, PROBATION, MAIN = 0, 1, 2
@@ -113,6 +113,13 @@ class AdaptivePolicy(Policy):
         self._stamp = 0
         self._position = 0
         self._request = ""
+        # The duel with LRU (see ``_Duel``); the shadow copy of this policy runs without one.
+        self._duel = _Duel(ctx, params) if self.duels else None
+        # Resident blocks, least recently requested first: the order followed while LRU wins.
+        self._recent: OrderedDict[str, Block] = OrderedDict()
+
+    # Whether this instance duels with LRU; False for the shadow the duel runs.
+    duels = True
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -126,6 +133,10 @@ class AdaptivePolicy(Policy):
         if block_id in self._b2:
             return "B2"
         return None
+
+    def following_lru(self) -> bool:
+        """Whether victims come in LRU's order now (LRU won the duel's recent window)."""
+        return self._duel is not None and self._duel.lru_wins()
 
     def expert(self) -> int:
         """The expert MAIN's victims come from now (RECENCY on a tie)."""
@@ -200,6 +211,9 @@ class AdaptivePolicy(Policy):
     # ---- events --------------------------------------------------------------------------
 
     def insert(self, block: Block) -> None:
+        if self._duel is not None:
+            self._duel.request(block)
+            self._recent[block.block_id] = block
         bid, size = block.block_id, block.size
         ghost1 = self._b1.pop(bid, None)
         if ghost1 is not None:
@@ -235,6 +249,9 @@ class AdaptivePolicy(Policy):
         weights[FREQUENCY] /= total
 
     def access(self, block: Block) -> None:
+        if self._duel is not None:
+            self._duel.request(block)
+            self._recent.move_to_end(block.block_id)
         self._unfile(block)
         self._advance(block)
         self._file(block, self._class_of(block), self._touch_stamp())
@@ -246,11 +263,18 @@ class AdaptivePolicy(Policy):
         if segment is not None and segment != MAIN and self._class_of(block) != segment:
             self._unfile(block)
             self._file(block, self._class_of(block), self._touch_stamp())
+        if self._duel is not None:
+            self._duel.update(block)
 
     def remove(self, block: Block) -> None:
         self._unfile(block)
+        if self._duel is not None:
+            del self._recent[block.block_id]
+            self._duel.remove(block)
 
     def evicted(self, block: Block) -> None:
+        if self._duel is not None:
+            del self._recent[block.block_id]
         bid, size = block.block_id, block.size
         keys = self._keys.get(bid)
         segment = self._unfile(block)
@@ -301,6 +325,8 @@ class AdaptivePolicy(Policy):
         return None
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+        if self._duel is not None and self._duel.lru_wins():
+            return take_until(self._recent.values(), bytes_needed, protected)
         victims: list[Block] = []
         if bytes_needed <= 0:
             return victims
@@ -333,3 +359,106 @@ class AdaptivePolicy(Policy):
             victims.append(victim)
             got += victim.size
         return victims
+
+
+class _Solo(AdaptivePolicy):
+    """adaptive without the duel: the shadow the duel runs to know what its own order earns."""
+
+    duels = False
+
+
+class _LruGhost:
+    """What LRU would hold in a tier of ``capacity`` bytes: ids and sizes only, no blocks."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._sizes: OrderedDict[str, int] = OrderedDict()
+        self._bytes = 0
+
+    def request(self, block_id: str, size: int) -> bool:
+        """A prompt asks for the block: True if LRU would have it (a hit), then it is the
+        most recent; else it is placed and the least recent leave until it fits."""
+        sizes = self._sizes
+        if block_id in sizes:
+            sizes.move_to_end(block_id)
+            return True
+        sizes[block_id] = size
+        self._bytes += size
+        while self._bytes > self._capacity:
+            self._bytes -= sizes.popitem(last=False)[1]
+        return False
+
+    def remove(self, block_id: str) -> None:
+        size = self._sizes.pop(block_id, None)
+        if size is not None:
+            self._bytes -= size
+
+
+class _Duel:
+    """Set dueling (Qureshi et al., ISCA'07) between adaptive's own order and LRU's, over
+    the whole tier instead of sampled sets: two shadows of the tier see every request,
+
+      LRU      an id-only LRU directory of the tier's capacity (``_LruGhost``);
+      OWN      a copy of adaptive without the duel (``_Solo``), simulating its own tier:
+               its victims are chosen by the same rules, over the blocks it would hold,
+
+    and each counts the bytes it would have served. The real tier follows LRU's order
+    while LRU's count is the larger, adaptive's own otherwise (a tie keeps adaptive). The
+    shadows, not the real tier, are compared: while the tier follows LRU its own hits say
+    nothing about what adaptive's order would have earned.
+
+    The counts are a decayed window: each requested byte multiplies both by (1 - 1/c), c
+    the tier's capacity in bytes, so a hit's weight halves every 0.69 c bytes of requests.
+    Why the capacity: a block is worth keeping only if it is asked for again before about
+    c bytes of other blocks pass (any order holds at most c bytes), so c bytes of
+    requests are the shortest span over which an order's choices show in its hits, and a
+    longer memory would keep following an order after the workload has changed. It is
+    the tier's size, not a constant fitted to a trace.
+
+    Cost: one shadow adaptive (O(log n) per event, memory of one more tier's ids) and one
+    OrderedDict (O(1) per event); everything is deterministic (the counts are floats
+    updated in a fixed order).
+    """
+
+    def __init__(self, ctx: PolicyContext, params: Any) -> None:
+        self._capacity = ctx.tier.capacity_bytes
+        self._lru = _LruGhost(self._capacity)
+        self._own = _Solo(ctx, params)
+        self._own_bytes = 0
+        self.lru_hits = 0.0
+        self.own_hits = 0.0
+
+    def lru_wins(self) -> bool:
+        return self.lru_hits > self.own_hits
+
+    def request(self, block: Block) -> None:
+        size = block.size
+        lru_hit = self._lru.request(block.block_id, size)
+        own_hit = self._own_request(block)
+        keep = max(0.0, 1.0 - size / max(1, self._capacity))
+        self.lru_hits = self.lru_hits * keep + (size if lru_hit else 0)
+        self.own_hits = self.own_hits * keep + (size if own_hit else 0)
+
+    def _own_request(self, block: Block) -> bool:
+        own = self._own
+        if block.block_id in own:
+            own.access(block)
+            return True
+        excess = self._own_bytes + block.size - self._capacity
+        if excess > 0:
+            for victim in own.choose_victims(excess, frozenset()) or ():
+                own.evicted(victim)
+                self._own_bytes -= victim.size
+        own.insert(block)
+        self._own_bytes += block.size
+        return False
+
+    def update(self, block: Block) -> None:
+        if block.block_id in self._own:
+            self._own.update(block)
+
+    def remove(self, block: Block) -> None:
+        self._lru.remove(block.block_id)
+        if block.block_id in self._own:
+            self._own.remove(block)
+            self._own_bytes -= block.size
