@@ -361,7 +361,7 @@ class AdaptivePolicy(Policy):
         return victims
 
 
-class _Solo(AdaptivePolicy):
+class AdaptiveWithoutDuel(AdaptivePolicy):
     """adaptive without the duel: the shadow the duel runs to know what its own order earns."""
 
     duels = False
@@ -399,7 +399,7 @@ class _Duel:
     the whole tier instead of sampled sets: two shadows of the tier see every request,
 
       LRU      an id-only LRU directory of the tier's capacity (``_LruGhost``);
-      OWN      a copy of adaptive without the duel (``_Solo``), simulating its own tier:
+      OWN      a copy of adaptive without the duel (``AdaptiveWithoutDuel``), simulating its own tier:
                its victims are chosen by the same rules, over the blocks it would hold,
 
     and each counts the bytes it would have served. The real tier follows LRU's order
@@ -423,7 +423,7 @@ class _Duel:
     def __init__(self, ctx: PolicyContext, params: Any) -> None:
         self._capacity = ctx.tier.capacity_bytes
         self._lru = _LruGhost(self._capacity)
-        self._own = _Solo(ctx, params)
+        self._own = AdaptiveWithoutDuel(ctx, params)
         self._own_bytes = 0
         self.lru_hits = 0.0
         self.own_hits = 0.0

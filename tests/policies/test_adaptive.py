@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from policies.adaptive import FREQUENCY, RECENCY, AdaptivePolicy
+from policies.adaptive import FREQUENCY, RECENCY, AdaptivePolicy, AdaptiveWithoutDuel
 from policies.base import Block, Clock, PolicyContext, TierInfo
 from policies.registry import policy_class
 from tests.golden import DATA
@@ -14,11 +14,13 @@ SIZE = 10
 
 
 class Tier:
-    """One tier of ``blocks`` blocks of SIZE bytes, driven as the core drives it."""
+    """One tier of ``blocks`` blocks of SIZE bytes, driven as the core drives it. The
+    mechanism tests use adaptive without its duel with LRU (so its own order decides);
+    the duel's tests pass ``AdaptivePolicy``."""
 
-    def __init__(self, blocks: int) -> None:
+    def __init__(self, blocks: int, policy_class: type[AdaptivePolicy] = AdaptiveWithoutDuel) -> None:
         info = TierInfo(0, "hbm", blocks * SIZE, 0.0, 1000.0)
-        self.policy = AdaptivePolicy(PolicyContext(info, (info,), Clock()))
+        self.policy = policy_class(PolicyContext(info, (info,), Clock()))
         self.capacity = blocks * SIZE
         self.resident: dict[str, Block] = {}
         self.known: dict[str, Block] = {}  # the core keeps every block it saw (reuses persist)
@@ -147,6 +149,48 @@ def test_recency_keeps_a_prefix_head_over_its_tail_within_one_request() -> None:
     victims = t.policy.choose_victims(4 * SIZE, set())
     assert victims is not None
     assert [b.block_id for b in victims] == ["a3", "a2", "a1", "a0"]
+
+
+def two_turn_rounds(t: Tier, rounds: int) -> list[int]:
+    """Conversations of two turns: round k brings conversation k's first turn (two new
+    blocks, the second a released chain tail), then conversation k-1's second turn (the
+    same two blocks again). Returns each round's hits."""
+    hits = []
+    for k in range(rounds):
+        got = t.prompt(f"first{k}", f"c{k}a", f"c{k}b")
+        if k:
+            got += t.prompt(f"second{k}", f"c{k - 1}a", f"c{k - 1}b")
+        hits.append(got)
+    return hits
+
+
+def test_when_lru_wins_the_duel_the_tier_follows_lru() -> None:
+    # In a tier of six blocks LRU holds the last three turns, so each second turn finds
+    # both its blocks. adaptive's own order evicts released chain tails first (in a round,
+    # c(k)b leaves while conversation k-1 is MAIN after its second turn), and the next
+    # round asks for exactly that tail: it gets one block of two.
+    alone = two_turn_rounds(Tier(6), 30)
+    assert alone[10:] == [1] * 20
+    # With the duel, the LRU ghost counts two hits a round against the shadow's one: the
+    # tier follows LRU's order and gets both blocks back, as LRU would.
+    t = Tier(6, AdaptivePolicy)
+    dueling = two_turn_rounds(t, 30)
+    assert t.policy.following_lru()
+    assert dueling[10:] == [2] * 20
+
+
+def test_when_its_own_order_wins_the_duel_the_tier_keeps_it() -> None:
+    # A reused system prompt among one-time prompts: LRU lets the scan push it out;
+    # adaptive keeps it in MAIN. The shadow out-hits the LRU ghost, the tier keeps its order.
+    t = Tier(6, AdaptivePolicy)
+    t.prompt("r0", "s0", "s1", "s2")
+    assert t.prompt("r1", "s0", "s1", "s2") == 3
+    for round_ in range(10):
+        for i in range(3):
+            t.prompt(f"q{round_}.{i}", f"q{round_}.{i}a", f"q{round_}.{i}b", f"q{round_}.{i}c")
+        assert t.prompt(f"r{round_ + 2}", "s0", "s1", "s2") == 3
+        assert not t.policy.following_lru()
+    assert not {"s0", "s1", "s2"} & set(t.evictions)
 
 
 def test_on_the_bundled_mooncake_trace_it_beats_lru_everywhere_and_stays_near_the_best() -> None:
