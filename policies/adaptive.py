@@ -136,7 +136,11 @@ class AdaptivePolicy(Policy):
 
     def following_lru(self) -> bool:
         """Whether victims come in LRU's order now (LRU won the duel's recent window)."""
-        return self._duel is not None and self._duel.lru_wins()
+        return self._duel is not None and self._duel.following
+
+    def duel_switches(self) -> int:
+        """How many times the tier has switched to LRU's order so far."""
+        return 0 if self._duel is None else self._duel.switches
 
     def expert(self) -> int:
         """The expert MAIN's victims come from now (RECENCY on a tie)."""
@@ -212,7 +216,7 @@ class AdaptivePolicy(Policy):
 
     def insert(self, block: Block) -> None:
         if self._duel is not None:
-            self._duel.request(block)
+            self._duel.request(block, False)
             self._recent[block.block_id] = block
         bid, size = block.block_id, block.size
         ghost1 = self._b1.pop(bid, None)
@@ -250,7 +254,7 @@ class AdaptivePolicy(Policy):
 
     def access(self, block: Block) -> None:
         if self._duel is not None:
-            self._duel.request(block)
+            self._duel.request(block, True)
             self._recent.move_to_end(block.block_id)
         self._unfile(block)
         self._advance(block)
@@ -275,6 +279,11 @@ class AdaptivePolicy(Policy):
     def evicted(self, block: Block) -> None:
         if self._duel is not None:
             del self._recent[block.block_id]
+            if self._duel.following:
+                # LRU's order chose this victim: no ghost, no regret, no aging (they would
+                # teach this order's learning about choices it did not make).
+                self._unfile(block)
+                return
         bid, size = block.block_id, block.size
         keys = self._keys.get(bid)
         segment = self._unfile(block)
@@ -325,7 +334,7 @@ class AdaptivePolicy(Policy):
         return None
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
-        if self._duel is not None and self._duel.lru_wins():
+        if self._duel is not None and self._duel.following:
             return take_until(self._recent.values(), bytes_needed, protected)
         victims: list[Block] = []
         if bytes_needed <= 0:
@@ -396,48 +405,90 @@ class _LruGhost:
 
 class _Duel:
     """Set dueling (Qureshi et al., ISCA'07) between adaptive's own order and LRU's, over
-    the whole tier instead of sampled sets: two shadows of the tier see every request,
+    the whole tier instead of sampled sets. Two shadows see every request the tier sees:
 
-      LRU      an id-only LRU directory of the tier's capacity (``_LruGhost``);
-      OWN      a copy of adaptive without the duel (``AdaptiveWithoutDuel``), simulating its own tier:
-               its victims are chosen by the same rules, over the blocks it would hold,
+      LRU   an id-only LRU directory of the tier's capacity (``_LruGhost``);
+      OWN   adaptive without the duel (``AdaptiveWithoutDuel``) simulating a tier of its
+            own: its victims come by the same rules, over the blocks it would hold.
 
-    and each counts the bytes it would have served. The real tier follows LRU's order
-    while LRU's count is the larger, adaptive's own otherwise (a tie keeps adaptive). The
-    shadows, not the real tier, are compared: while the tier follows LRU its own hits say
-    nothing about what adaptive's order would have earned.
+    Each counts the blocks it would have served, in a decayed window. The shadows, not the
+    real tier, are compared: while the tier follows LRU its own hits say nothing about
+    what adaptive's order would have earned.
 
-    The counts are a decayed window: each requested byte multiplies both by (1 - 1/c), c
-    the tier's capacity in bytes, so a hit's weight halves every 0.69 c bytes of requests.
-    Why the capacity: a block is worth keeping only if it is asked for again before about
-    c bytes of other blocks pass (any order holds at most c bytes), so c bytes of
-    requests are the shortest span over which an order's choices show in its hits, and a
-    longer memory would keep following an order after the workload has changed. It is
-    the tier's size, not a constant fitted to a trace.
+    Window: every requested byte multiplies the counts by (1 - 1/c), c the tier's capacity
+    in bytes (a hit's weight halves every 0.69 c bytes of requests). A block is worth
+    keeping only if it comes back before about c bytes of other blocks pass (no order
+    holds more), so c bytes of requests is the shortest span over which an order's choices
+    show in its hits; a longer memory keeps following an order after the workload has
+    changed. It is the tier's size, not a constant fitted to a trace.
 
-    Cost: one shadow adaptive (O(log n) per event, memory of one more tier's ids) and one
-    OrderedDict (O(1) per event); everything is deterministic (the counts are floats
-    updated in a fixed order).
+    Entering LRU's order needs evidence beyond noise and beyond the price of switching:
+      * noise: only requests where exactly one shadow hits tell the orders apart; if they
+        were equally good, LRU's lead would be a difference of coin flips, of standard
+        deviation sqrt(disagreements). LRU must lead by two of them (the usual 95% level).
+      * price: the real tier holds what adaptive kept, not what LRU kept, so following
+        LRU earns LRU's hits only after its content has turned over, and a lead seen in
+        the window may be over by then. The price is measured, not assumed: the hits the
+        real tier has fallen behind the OWN shadow (which never switched), per switch so
+        far. LRU's lead must also exceed that (0 before the first switch).
+    Leaving: as soon as LRU's decayed count no longer leads, or OWN has served more
+    requests than the real tier since the switch (following LRU is not paying: the lead
+    was a phase already over); then the counts restart from zero so that the stale lead
+    does not bring the tier straight back.
+
+    While the tier follows LRU its victims leave without ghosts (no regret, no aging, no
+    change of ``p``): those choices were LRU's, and adaptive's learning should not be
+    taught by them.
+
+    Cost: one shadow adaptive (O(log n) per event, the ids of one more tier) and one
+    OrderedDict (O(1) per event). Deterministic: the counts are floats updated in a fixed
+    order, the rest integers.
     """
 
     def __init__(self, ctx: PolicyContext, params: Any) -> None:
-        self._capacity = ctx.tier.capacity_bytes
-        self._lru = _LruGhost(self._capacity)
+        self._capacity = max(1, ctx.tier.capacity_bytes)
+        self._lru = _LruGhost(ctx.tier.capacity_bytes)
         self._own = AdaptiveWithoutDuel(ctx, params)
         self._own_bytes = 0
+        # Decayed counts: LRU's hits, OWN's hits, requests where exactly one of them hit.
         self.lru_hits = 0.0
         self.own_hits = 0.0
+        self.disagreements = 0.0
+        # Undecayed: hits of the real tier and of OWN, to price a switch.
+        self._real_total = 0
+        self._own_total = 0
+        self.switches = 0
+        self.following = False
+        # Since the last switch to LRU's order: hits of the real tier and of OWN.
+        self._real_since = 0
+        self._own_since = 0
 
-    def lru_wins(self) -> bool:
-        return self.lru_hits > self.own_hits
-
-    def request(self, block: Block) -> None:
-        size = block.size
-        lru_hit = self._lru.request(block.block_id, size)
+    def request(self, block: Block, real_hit: bool) -> None:
+        """A request the real tier served (``real_hit``) or placed; updates the shadows,
+        then whether the tier follows LRU."""
+        lru_hit = self._lru.request(block.block_id, block.size)
         own_hit = self._own_request(block)
-        keep = max(0.0, 1.0 - size / max(1, self._capacity))
-        self.lru_hits = self.lru_hits * keep + (size if lru_hit else 0)
-        self.own_hits = self.own_hits * keep + (size if own_hit else 0)
+        keep = max(0.0, 1.0 - block.size / self._capacity)
+        self.lru_hits = self.lru_hits * keep + lru_hit
+        self.own_hits = self.own_hits * keep + own_hit
+        self.disagreements = self.disagreements * keep + (lru_hit != own_hit)
+        self._real_total += real_hit
+        self._own_total += own_hit
+        lead = self.lru_hits - self.own_hits
+        if not self.following:
+            price = max(0, self._own_total - self._real_total) / max(1, self.switches)
+            if lead > 2.0 * math.sqrt(self.disagreements) + price:
+                self.following = True
+                self.switches += 1
+                self._real_since = self._own_since = 0
+            return
+        self._real_since += real_hit
+        self._own_since += own_hit
+        if self._own_since > self._real_since:
+            self.following = False
+            self.lru_hits = self.own_hits = self.disagreements = 0.0
+        elif lead <= 0:
+            self.following = False
 
     def _own_request(self, block: Block) -> bool:
         own = self._own

@@ -151,46 +151,54 @@ def test_recency_keeps_a_prefix_head_over_its_tail_within_one_request() -> None:
     assert [b.block_id for b in victims] == ["a3", "a2", "a1", "a0"]
 
 
-def two_turn_rounds(t: Tier, rounds: int) -> list[int]:
-    """Conversations of two turns: round k brings conversation k's first turn (two new
-    blocks, the second a released chain tail), then conversation k-1's second turn (the
-    same two blocks again). Returns each round's hits."""
+def two_turn_rounds(t: Tier, rounds: int, blocks: int) -> list[int]:
+    """Conversations of two turns: round k brings conversation k's first turn (a chain of
+    ``blocks`` new blocks, the last a released chain tail), then conversation k-1's second
+    turn (the same chain again). Returns each round's hits."""
     hits = []
     for k in range(rounds):
-        got = t.prompt(f"first{k}", f"c{k}a", f"c{k}b")
+        got = t.prompt(f"first{k}", *(f"c{k}.{j}" for j in range(blocks)))
         if k:
-            got += t.prompt(f"second{k}", f"c{k - 1}a", f"c{k - 1}b")
+            got += t.prompt(f"second{k}", *(f"c{k - 1}.{j}" for j in range(blocks)))
         hits.append(got)
     return hits
 
 
 def test_when_lru_wins_the_duel_the_tier_follows_lru() -> None:
-    # In a tier of six blocks LRU holds the last three turns, so each second turn finds
-    # both its blocks. adaptive's own order evicts released chain tails first (in a round,
-    # c(k)b leaves while conversation k-1 is MAIN after its second turn), and the next
-    # round asks for exactly that tail: it gets one block of two.
-    alone = two_turn_rounds(Tier(6), 30)
-    assert alone[10:] == [1] * 20
-    # With the duel, the LRU ghost counts two hits a round against the shadow's one: the
-    # tier follows LRU's order and gets both blocks back, as LRU would.
-    t = Tier(6, AdaptivePolicy)
-    dueling = two_turn_rounds(t, 30)
+    # A tier of 30 blocks, conversations of 10: LRU holds the last three turns, so every
+    # second turn finds its whole chain. adaptive's own order evicts released chain tails
+    # first, and the next round asks for exactly such a tail: 9 hits of 10 a round.
+    alone = two_turn_rounds(Tier(30), 60, 10)
+    assert alone[20:] == [9] * 40
+    # With the duel, the LRU ghost's lead over the shadow (one block a round, every
+    # round) soon exceeds two standard deviations of the disagreements: the tier follows
+    # LRU's order (once, and stays) and gets every block back, as LRU would.
+    t = Tier(30, AdaptivePolicy)
+    dueling = two_turn_rounds(t, 60, 10)
     assert t.policy.following_lru()
-    assert dueling[10:] == [2] * 20
+    assert t.policy.duel_switches() == 1
+    assert dueling[20:] == [10] * 40
 
 
 def test_when_its_own_order_wins_the_duel_the_tier_keeps_it() -> None:
-    # A reused system prompt among one-time prompts: LRU lets the scan push it out;
-    # adaptive keeps it in MAIN. The shadow out-hits the LRU ghost, the tier keeps its order.
-    t = Tier(6, AdaptivePolicy)
-    t.prompt("r0", "s0", "s1", "s2")
-    assert t.prompt("r1", "s0", "s1", "s2") == 3
-    for round_ in range(10):
+    # A tier of 30 blocks; a system prompt of 10 blocks, brought twice (MAIN), then rounds
+    # of three one-time prompts of 10 blocks and the system prompt again. LRU lets each
+    # round's 30 new blocks push the system prompt out; adaptive keeps it in MAIN.
+    t = Tier(30, AdaptivePolicy)
+    system = [f"s{j}" for j in range(10)]
+    t.prompt("r0", *system)
+    assert t.prompt("r1", *system) == 10
+    for round_ in range(40):
         for i in range(3):
-            t.prompt(f"q{round_}.{i}", f"q{round_}.{i}a", f"q{round_}.{i}b", f"q{round_}.{i}c")
-        assert t.prompt(f"r{round_ + 2}", "s0", "s1", "s2") == 3
+            t.prompt(f"q{round_}.{i}", *(f"q{round_}.{i}.{j}" for j in range(10)))
+        assert t.prompt(f"r{round_ + 2}", *system) == 10
         assert not t.policy.following_lru()
-    assert not {"s0", "s1", "s2"} & set(t.evictions)
+    # The shadows saw it: the OWN shadow served the system prompt, the LRU ghost did not
+    # (its one early hit, r1, has decayed away).
+    duel = t.policy._duel
+    assert duel is not None and duel.own_hits > 5 and duel.lru_hits < 1
+    assert t.policy.duel_switches() == 0
+    assert not set(system) & set(t.evictions)
 
 
 def test_on_the_bundled_mooncake_trace_it_beats_lru_everywhere_and_stays_near_the_best() -> None:
