@@ -301,6 +301,15 @@ class AdaptivePolicy(Policy):
             self._b2_bytes += size
         self._trim_ghosts()
 
+    def _adopt(self, duel: "_Duel") -> None:
+        """Back from LRU's order: take what the OWN shadow learned meanwhile (``p``, the
+        experts' weights, LFUDA's L), since this tier's own learning paused while LRU chose."""
+        duel.adopt = False
+        own = duel.own
+        self.p = own.p
+        self.weights = list(own.weights)
+        self.aging = max(self.aging, own.aging)
+
     def _trim_ghosts(self) -> None:
         while self._b1 and self._probation_bytes + self._b1_bytes > self._c:
             self._b1_bytes -= self._b1.popitem(last=False)[1][0]
@@ -334,6 +343,8 @@ class AdaptivePolicy(Policy):
         return None
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
+        if self._duel is not None and self._duel.adopt:
+            self._adopt(self._duel)
         if self._duel is not None and self._duel.following:
             return take_until(self._recent.values(), bytes_needed, protected)
         victims: list[Block] = []
@@ -448,8 +459,10 @@ class _Duel:
     def __init__(self, ctx: PolicyContext, params: Any) -> None:
         self._capacity = max(1, ctx.tier.capacity_bytes)
         self._lru = _LruGhost(ctx.tier.capacity_bytes)
-        self._own = AdaptiveWithoutDuel(ctx, params)
+        self.own = AdaptiveWithoutDuel(ctx, params)
         self._own_bytes = 0
+        # Set on leaving LRU's order: the tier then adopts OWN's learned state.
+        self.adopt = False
         # Decayed counts: LRU's hits, OWN's hits, requests where exactly one of them hit.
         self.lru_hits = 0.0
         self.own_hits = 0.0
@@ -486,12 +499,14 @@ class _Duel:
         self._own_since += own_hit
         if self._own_since > self._real_since:
             self.following = False
+            self.adopt = True
             self.lru_hits = self.own_hits = self.disagreements = 0.0
         elif lead <= 0:
             self.following = False
+            self.adopt = True
 
     def _own_request(self, block: Block) -> bool:
-        own = self._own
+        own = self.own
         if block.block_id in own:
             own.access(block)
             return True
@@ -505,11 +520,11 @@ class _Duel:
         return False
 
     def update(self, block: Block) -> None:
-        if block.block_id in self._own:
-            self._own.update(block)
+        if block.block_id in self.own:
+            self.own.update(block)
 
     def remove(self, block: Block) -> None:
         self._lru.remove(block.block_id)
-        if block.block_id in self._own:
-            self._own.remove(block)
+        if block.block_id in self.own:
+            self.own.remove(block)
             self._own_bytes -= block.size
