@@ -301,7 +301,7 @@ class AdaptivePolicy(Policy):
             self._b2_bytes += size
         self._trim_ghosts()
 
-    def _adopt(self, duel: "_Duel") -> None:
+    def _adopt(self, duel: _Duel) -> None:
         """Back from LRU's order: take what the OWN shadow learned meanwhile (``p``, the
         experts' weights, LFUDA's L), since this tier's own learning paused while LRU chose."""
         duel.adopt = False
