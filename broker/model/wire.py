@@ -45,9 +45,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
+
+if TYPE_CHECKING:
+    from broker.model.core import Directive
 
 native: ModuleType | None
 try:
@@ -267,3 +271,20 @@ def read_batch(batch: bytes | pb.IntentBatch) -> BatchReader:
             pass
     message = pb.IntentBatch.FromString(batch) if isinstance(batch, bytes) else batch
     return ReferenceReader(message)
+
+
+def directive_to_pb(d: Directive) -> dpb.Directive:
+    """A core Directive as the schema's message (the answer's and the journal's form)."""
+    return dpb.Directive(
+        directive_id=d.directive_id,
+        kind=int(d.kind),  # type: ignore[arg-type]
+        block_id=d.block_id,
+        from_tier=d.from_tier,
+        to_tier=d.to_tier,
+        policy=d.policy,
+        score=d.score,
+        reason=d.reason,
+        arrive_by_us=d.arrive_by_us,
+        size_bytes=d.size,
+        config_generation=d.generation,
+    )

@@ -27,7 +27,8 @@ from broker.config import core_to_json
 from broker.journal import open_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.model.apply import BatchOutcome, apply_batch
-from broker.model.core import Core, Directive
+from broker.model.core import Core
+from broker.model.wire import directive_to_pb
 from broker.offload import events
 from broker.offload.settings import TIER, OffloadSettings
 from kvbroker.v1 import directive_pb2 as dpb
@@ -53,26 +54,10 @@ def directives_payload(client_id: str, seq: int, outcome: BatchOutcome) -> bytes
     return dpb.DirectiveBatch(
         client_id=client_id,
         batch_seq=seq,
-        directives=[_directive_pb(d) for d in outcome.directives],
+        directives=[directive_to_pb(d) for d in outcome.directives],
         accepted_events=outcome.accepted,
         config_generation=1,
     ).SerializeToString()
-
-
-def _directive_pb(d: Directive) -> dpb.Directive:
-    return dpb.Directive(
-        directive_id=d.directive_id,
-        kind=int(d.kind),  # type: ignore[arg-type]
-        block_id=d.block_id,
-        from_tier=d.from_tier,
-        to_tier=d.to_tier,
-        policy=d.policy,
-        score=d.score,
-        reason=d.reason,
-        arrive_by_us=d.arrive_by_us,
-        size_bytes=d.size,
-        config_generation=d.generation,
-    )
 
 
 class JournalThread:

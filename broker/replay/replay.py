@@ -21,9 +21,8 @@ from broker.model.apply import apply_batch
 from broker.model.arms import Driving
 from broker.model.core import Directive
 from broker.model.stats import merged
-from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, read_batch
+from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, directive_to_pb, read_batch
 from broker.replay import progress as sweep_progress
-from broker.service.broker_service import directive_to_pb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 from policies.registry import policy_class

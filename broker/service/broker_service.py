@@ -27,9 +27,9 @@ from broker.config import (
 from broker.journal import Journal, JournalRecord, RecordKind
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
-from broker.model.core import Core, Directive
+from broker.model.core import Core
 from broker.model.stats import CoreStats
-from broker.model.wire import BatchReader, read_batch
+from broker.model.wire import BatchReader, directive_to_pb, read_batch
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -61,22 +61,6 @@ def check_hello(hello: spb.Hello) -> None:
         )
     if not hello.client_id:
         raise VersionError("hello.client_id: required, a non-empty string")
-
-
-def directive_to_pb(d: Directive) -> dpb.Directive:
-    return dpb.Directive(
-        directive_id=d.directive_id,
-        kind=int(d.kind),  # type: ignore[arg-type]
-        block_id=d.block_id,
-        from_tier=d.from_tier,
-        to_tier=d.to_tier,
-        policy=d.policy,
-        score=d.score,
-        reason=d.reason,
-        arrive_by_us=d.arrive_by_us,
-        size_bytes=d.size,
-        config_generation=d.generation,
-    )
 
 
 def outcome_to_pb(batch: BatchReader | pb.IntentBatch, outcome: BatchOutcome, generation: int) -> dpb.DirectiveBatch:

@@ -8,8 +8,8 @@ import dataclasses
 from broker.cli.demo_workload import DEMO_CONFIG, DemoWorkload
 from broker.config import JournalConfig, parse_config
 from broker.journal import JournalSource
+from broker.model.wire import directive_to_pb
 from broker.replay.replay import journal_batches, journal_config, replay, replay_source
-from broker.service.broker_service import directive_to_pb
 from broker.service.server import start_broker
 from clients.broker_client import BrokerClient
 from kvbroker.v1 import directive_pb2 as dpb
