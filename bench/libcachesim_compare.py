@@ -38,6 +38,7 @@ from broker.replay.grid import parse_params  # noqa: E402
 from broker.replay.replay import replay  # noqa: E402
 from broker.replay.sweep import parse_capacity, single_tier  # noqa: E402
 from broker.replay.traces import TraceOptions, read_trace  # noqa: E402
+from broker.replay.traces.sequence import block_sequence  # noqa: E402
 from kvbroker.v1 import intent_pb2 as pb  # noqa: E402
 from policies import registry  # noqa: E402
 
@@ -55,20 +56,6 @@ LIBCACHESIM = (
 
 def batches_of(trace: str, fmt: str) -> list[pb.IntentBatch]:
     return list(read_trace(trace, fmt, TraceOptions(decode=False)))
-
-
-def block_sequence(batches: list[pb.IntentBatch]) -> tuple[list[int], int]:
-    """The block ids the batches allocate, in order (as ints), and the block size in bytes."""
-    ids: dict[str, int] = {}
-    seq: list[int] = []
-    size = 0
-    for batch in batches:
-        for event in batch.events:
-            if event.WhichOneof("kind") == "allocated":
-                intent = event.allocated.intent
-                seq.append(ids.setdefault(intent.block_id, len(ids)))
-                size = size or intent.size_bytes
-    return seq, size
 
 
 def libcachesim_hits(algorithm: str, seq: list[int], capacity_blocks: int, **params: Any) -> int:

@@ -40,6 +40,7 @@ from broker.bench.targets import REPLAY_ALGORITHMS, REPLAY_PARAMS, render, repla
 from broker.replay.replay import replay  # noqa: E402
 from broker.replay.sweep import parse_capacity, single_tier  # noqa: E402
 from broker.replay.traces import TraceOptions, read_trace  # noqa: E402
+from broker.replay.traces.sequence import block_sequence  # noqa: E402
 
 TRACE = ROOT / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
 # libCacheSim's oracleGeneral record: uint32 time, uint64 object id, uint32 size, int64 next access.
@@ -47,17 +48,9 @@ ORACLE = struct.Struct("<IQIq")
 
 
 def allocated_ids(batches: list[Any]) -> tuple[list[int], int]:
-    """The block ids the batches allocate, in order, as ints from 1, and the block's bytes."""
-    ids: dict[str, int] = {}
-    seq: list[int] = []
-    size = 0
-    for batch in batches:
-        for event in batch.events:
-            if event.WhichOneof("kind") == "allocated":
-                intent = event.allocated.intent
-                seq.append(ids.setdefault(intent.block_id, len(ids) + 1))
-                size = size or intent.size_bytes
-    return seq, size
+    """The allocated block ids as ints from 1 (libCacheSim's oracle records), and the block's bytes."""
+    seq, size = block_sequence(batches)
+    return [i + 1 for i in seq], size
 
 
 def write_oracle(seq: list[int], path: str) -> None:

@@ -19,6 +19,7 @@ import pytest
 from broker.replay.replay import replay
 from broker.replay.sweep import single_tier
 from broker.replay.traces import TraceOptions, read_trace
+from broker.replay.traces.sequence import block_sequence
 from kvbroker.v1 import intent_pb2 as pb
 from tests.golden import MOONCAKE
 
@@ -31,18 +32,6 @@ def batches(tmp_path_factory: pytest.TempPathFactory) -> list[pb.IntentBatch]:
     path: Path = tmp_path_factory.mktemp("mooncake") / "head.jsonl"
     path.write_text("".join(MOONCAKE.read_text().splitlines(keepends=True)[:REQUESTS]))
     return list(read_trace(str(path), "mooncake", TraceOptions(decode=False)))
-
-
-def allocated_ids(batches: list[pb.IntentBatch]) -> tuple[list[int], int]:
-    ids: dict[str, int] = {}
-    seq: list[int] = []
-    size = 0
-    for batch in batches:
-        for event in batch.events:
-            if event.WhichOneof("kind") == "allocated":
-                seq.append(ids.setdefault(event.allocated.intent.block_id, len(ids)))
-                size = event.allocated.intent.size_bytes
-    return seq, size
 
 
 def referee_hits(algorithm: str, seq: list[int], blocks: int, **params: Any) -> int:
@@ -82,7 +71,7 @@ PAIRS = [
 def test_kvbroker_and_libcachesim_agree_exactly(
     batches: list[pb.IntentBatch], policy: str, params: dict[str, Any], algorithm: str, referee_params: dict[str, Any]
 ) -> None:
-    seq, block_bytes = allocated_ids(batches)
+    seq, block_bytes = block_sequence(batches)
     assert len(seq) > 10 * SIZES_BLOCKS[-1]  # every size sees evictions
     found = {blocks: kvbroker_hits(batches, policy, blocks * block_bytes, params) for blocks in SIZES_BLOCKS}
     expected = {blocks: referee_hits(algorithm, seq, blocks, **referee_params) for blocks in SIZES_BLOCKS}
@@ -94,7 +83,7 @@ def test_kvbroker_and_libcachesim_agree_exactly(
 def test_the_paper_s3fifo_is_not_libcachesims(batches: list[pb.IntentBatch]) -> None:
     # The paper's initial fill (every new block to S) decides differently from libCacheSim's
     # on this trace: the variant parameter is what makes them agree, not the sizes chosen.
-    seq, block_bytes = allocated_ids(batches)
+    seq, block_bytes = block_sequence(batches)
     blocks = SIZES_BLOCKS[-1]
     paper = kvbroker_hits(batches, "s3fifo", blocks * block_bytes, {"move_to_main_threshold": 2})
     assert paper != referee_hits("S3FIFO", seq, blocks)
