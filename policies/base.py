@@ -388,6 +388,26 @@ class Policy(ABC):
         for block in blocks:
             self.access(block)
 
+    # ---- request-scoped uses (BlocksAccessed.scope, BlockAllocated.scope) ----------------
+    # A scope is ``(client, name)``: a request of one client. A policy with a recency order
+    # may rank such uses with the scope (policies/lru.py does, as vLLM's LRU ranks a running
+    # request's chunks); by default a scoped access is a plain access and the rest is a no-op.
+
+    def access_scoped(self, blocks: list[Block], scope: tuple[str, str], positions: dict[str, int]) -> None:
+        """A request-scoped use of ``blocks`` (top-tier hits, their accesses counted; maybe
+        none: the scope then only takes its rank), at token ``positions[block_id]``."""
+        self.access_many(blocks)
+
+    def place_scoped(self, block: Block, scope: tuple[str, str], position: int) -> None:
+        """``block``, just inserted (or taken again) by a scoped allocation, ranks with the
+        scope at token ``position``. Default: it stays where the insert put it."""
+
+    def end_scope(self, scope: tuple[str, str]) -> None:
+        """The scope ended (``BlocksAccessed.ends_scope``): its rank is forgotten."""
+
+    def clear_scopes(self, client: str) -> None:
+        """The client cleared: every scope of its ends."""
+
     def update(self, block: Block) -> None:
         """Intent changed; policies that ignore intent keep their order."""
 

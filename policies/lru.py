@@ -1,4 +1,12 @@
-"""LRU: the least recently used block leaves first."""
+"""LRU: the least recently used block leaves first.
+
+Request-scoped uses (``BlocksAccessed.scope``, ``BlockAllocated.scope``; docs/schema.md)
+rank as vLLM's LRU ranks a running request's chunks: a scope (a request) takes its rank at
+its first scoped use, as that moment's newest use, and every block it uses ranks there,
+tails before heads. So a chunk a long-running request stores late goes *below* chunks
+used since the request began, not to the newest end. Without scoped uses the policy is
+the plain move-to-end LRU, with no extra cost per use.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,28 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import Block, Policy, PolicyContext, take_until
 
+# Open scopes kept at most (a client that never ends its scopes must not grow the order
+# without bound): past it, the oldest open scope ends. An engine has far fewer requests
+# running at once (vLLM's max_num_seqs is at most a few thousand).
+MAX_OPEN_SCOPES = 65_536
+
+
+class RankedScope:
+    """A scope's place in the recency order, and the blocks ranked there.
+
+    ``entries`` are ``(-position, block_id, block)``: a higher token position ranks lower
+    (tails leave first), equal positions (a hybrid model's KV cache groups) by id. They are
+    kept highest rank first, so that the usual run (a request stores head to tail, its
+    finish reads tail first) appends and pops at the end."""
+
+    __slots__ = ("tick", "entries", "open")
+
+    def __init__(self, tick: int) -> None:
+        self.tick = tick
+        self.entries: list[tuple[int, str, Block]] = []
+        # Open while the scope can rank more blocks; a closed one leaves the order once empty.
+        self.open = True
+
 
 # Compiled (broker/native.py): interpreted policies may subclass it, and copy.deepcopy
 # needs its __new__ to be empty (see policies.base.Block).
@@ -19,6 +49,12 @@ class LRUPolicy(Policy):
 
     Structure: one OrderedDict, oldest first. OrderedDict is a C-implemented doubly linked
     list plus a hash: insert, move-to-end and delete are O(1) with no scan.
+
+    A request scope sits in that order as one slot (a ``RankedScope`` key), at the place of
+    its first use; its blocks are a sorted list there (a scoped use is O(log n) to find its
+    place plus a list insert). Deciding whether a scoped use raises a block needs the rank
+    of its last plain use: once a scope has been seen, each plain use is numbered (a tick);
+    a block with no number was last used before any scope began, so it ranks below all.
     """
 
     name = "lru"
@@ -26,28 +62,191 @@ class LRUPolicy(Policy):
 
     def __init__(self, ctx: PolicyContext, params: Any = None) -> None:
         super().__init__(ctx, params)
-        self._order: OrderedDict[str, Block] = OrderedDict()
+        # block id -> Block (a plain use), or RankedScope -> itself (a scope's slot)
+        self._order: OrderedDict[Any, Any] = OrderedDict()
+        # Request scopes: the open ones by (client, request), and the scope each scoped
+        # block ranks with (with its -position). All empty until a scoped use arrives.
+        self._scopes: dict[tuple[str, str], RankedScope] = {}
+        self._member: dict[str, tuple[RankedScope, int]] = {}
+        self._ticks: dict[str, int] = {}
+        self._tick = 0
+        self._scoped = False
+        self._slots = 0  # RankedScope slots in _order
 
     def insert(self, block: Block) -> None:
-        self._order[block.block_id] = block
+        block_id = block.block_id
+        self._order[block_id] = block
+        if self._scoped:
+            self._tick += 1
+            self._ticks[block_id] = self._tick
 
     def access(self, block: Block) -> None:
-        self._order.move_to_end(block.block_id)
+        if self._scoped:
+            self._plain_use(block)
+        else:
+            self._order.move_to_end(block.block_id)
 
     def access_many(self, blocks: list[Block]) -> None:
+        if self._scoped:
+            for block in blocks:
+                self._plain_use(block)
+            return
         move_to_end = self._order.move_to_end
         for block in blocks:
             move_to_end(block.block_id)
 
     def remove(self, block: Block) -> None:
-        if self._order.pop(block.block_id, None) is None:
+        block_id = block.block_id
+        if self._scoped:
+            self._ticks.pop(block_id, None)
+            member = self._member.pop(block_id, None)
+            if member is not None:
+                self._leave(member[0], member[1], block_id)
+                return
+        if self._order.pop(block_id, None) is None:
             raise self._unknown(block)
 
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
-        return take_until(self._order.values(), bytes_needed, protected)
+        if self._slots == 0:
+            return take_until(self._order.values(), bytes_needed, protected)
+        # Written out rather than take_until over a generator (one call per block).
+        victims: list[Block] = []
+        got = 0
+        if bytes_needed <= 0:
+            return victims
+        for value in self._order.values():
+            if isinstance(value, RankedScope):
+                entries = value.entries
+                for i in range(len(entries) - 1, -1, -1):
+                    block = entries[i][2]
+                    if block.block_id in protected:
+                        continue
+                    victims.append(block)
+                    got += block.size
+                    if got >= bytes_needed:
+                        return victims
+            else:
+                block = value
+                if block.block_id in protected:
+                    continue
+                victims.append(block)
+                got += block.size
+                if got >= bytes_needed:
+                    return victims
+        return None
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._order) - self._slots + len(self._member)
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._order
+        return block_id in self._order or block_id in self._member
+
+    # ---- request scopes -------------------------------------------------------------------
+
+    def access_scoped(self, blocks: list[Block], scope: tuple[str, str], positions: dict[str, int]) -> None:
+        ranked = self._open(scope)
+        member = self._member
+        for block in blocks:
+            block_id = block.block_id
+            neg = -positions.get(block_id, 0)
+            current = member.get(block_id)
+            if current is not None:
+                # Only up: a later scope's rank is above, and in the same scope a lower
+                # position (a head) is above a higher one.
+                held, held_neg = current
+                if held.tick > ranked.tick or (held is ranked and held_neg >= neg):
+                    continue
+                del member[block_id]
+                self._leave(held, held_neg, block_id)
+            else:
+                if self._ticks.get(block_id, 0) > ranked.tick:
+                    continue  # used since the scope began: already above it
+                del self._order[block_id]
+            self._join(ranked, neg, block)
+
+    def place_scoped(self, block: Block, scope: tuple[str, str], position: int) -> None:
+        ranked = self._open(scope)
+        block_id = block.block_id
+        current = self._member.pop(block_id, None)
+        if current is not None:
+            self._leave(current[0], current[1], block_id)
+        else:
+            del self._order[block_id]
+        self._join(ranked, -position, block)
+
+    def end_scope(self, scope: tuple[str, str]) -> None:
+        ranked = self._scopes.pop(scope, None)
+        if ranked is not None:
+            ranked.open = False
+            if not ranked.entries:
+                del self._order[ranked]
+                self._slots -= 1
+
+    def clear_scopes(self, client: str) -> None:
+        for scope in [s for s in self._scopes if s[0] == client]:
+            self.end_scope(scope)
+
+    def _open(self, scope: tuple[str, str]) -> RankedScope:
+        ranked = self._scopes.get(scope)
+        if ranked is None:
+            if len(self._scopes) >= MAX_OPEN_SCOPES:
+                self.end_scope(next(iter(self._scopes)))
+            self._scoped = True
+            self._tick += 1
+            ranked = RankedScope(self._tick)
+            self._scopes[scope] = ranked
+            self._order[ranked] = ranked
+            self._slots += 1
+        return ranked
+
+    def _plain_use(self, block: Block) -> None:
+        """A plain use once scopes exist: the newest end, numbered."""
+        block_id = block.block_id
+        member = self._member.pop(block_id, None) if self._member else None
+        if member is not None:
+            self._leave(member[0], member[1], block_id)
+            self._order[block_id] = block
+        else:
+            self._order.move_to_end(block_id)
+        self._tick += 1
+        self._ticks[block_id] = self._tick
+
+    def _join(self, ranked: RankedScope, neg: int, block: Block) -> None:
+        block_id = block.block_id
+        entries = ranked.entries
+        if entries:
+            last = entries[-1]
+            if last[0] > neg or (last[0] == neg and last[1] > block_id):  # the usual: below all
+                entries.append((neg, block_id, block))
+            else:
+                entries.insert(_below(entries, neg, block_id), (neg, block_id, block))
+        else:
+            entries.append((neg, block_id, block))
+        self._member[block_id] = (ranked, neg)
+        if self._ticks:
+            self._ticks.pop(block_id, None)
+
+    def _leave(self, ranked: RankedScope, neg: int, block_id: str) -> None:
+        entries = ranked.entries
+        if entries[-1][1] == block_id:
+            entries.pop()
+        else:
+            del entries[_below(entries, neg, block_id)]
+        if not entries and not ranked.open:
+            del self._order[ranked]
+            self._slots -= 1
+
+
+def _below(entries: list[tuple[int, str, Block]], neg: int, block_id: str) -> int:
+    """The first index of ``entries`` (highest rank first) ranked at or below
+    ``(neg, block_id)``: where such an entry is, or goes."""
+    lo = 0
+    hi = len(entries)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = entries[mid]
+        if entry[0] > neg or (entry[0] == neg and entry[1] > block_id):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

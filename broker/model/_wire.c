@@ -29,7 +29,8 @@ static PyObject *Unsupported; /* ValueError subclass: use the reference reader *
 
 /* ---- field tables ---------------------------------------------------------------------- */
 
-enum { F_NONE = 0, F_VARINT, F_STR, F_RSTR, F_MSG };
+/* F_PACKED: a repeated varint field in packed form (one length-delimited run of varints). */
+enum { F_NONE = 0, F_VARINT, F_STR, F_RSTR, F_MSG, F_PACKED };
 
 #define MAX_FIELD 24
 
@@ -52,8 +53,12 @@ static const msgdef M_INTENT = {
      F_STR, F_VARINT, F_VARINT, F_VARINT, F_VARINT, F_RSTR, F_STR, F_VARINT, F_VARINT, F_VARINT, F_VARINT, F_VARINT},
     {0},
 };
-static const msgdef M_ALLOCATED = {3, 0, 0, {F_NONE, F_MSG, F_STR, F_VARINT}, {NULL, &M_INTENT, NULL, NULL}};
-static const msgdef M_ACCESSED = {2, 0, 0, {F_NONE, F_RSTR, F_VARINT}, {0}};
+/* BlockAllocated: 1 intent, 2 tier, 3 reuse, 4 scope */
+static const msgdef M_ALLOCATED = {4, 0, 0, {F_NONE, F_MSG, F_STR, F_VARINT, F_STR}, {NULL, &M_INTENT, NULL, NULL, NULL}};
+/* BlocksAccessed: 1 block_ids (repeated), 2 next_use_us, 3 scope, 4 token_positions (packed;
+ * the unpacked form, which protobuf also reads, is refused: the reference reader reads it),
+ * 5 ends_scope */
+static const msgdef M_ACCESSED = {5, 0, 0, {F_NONE, F_RSTR, F_VARINT, F_STR, F_PACKED, F_STR}, {0}};
 static const msgdef M_UPDATED = {
     12, 0, 0,
     /* 1 block_id, 2 phase, 3 priority, 4 deadline_us, 5 slack_us, 6 pin_requested,
@@ -220,6 +225,12 @@ static int scan_msg(const msgdef *m, const uint8_t *p, const uint8_t *end) {
             if (wire != 2 || read_len(&p, end, &n)) return -1;
             if (type == F_MSG) {
                 if (scan_msg(m->sub[num], p, p + n)) return -1;
+            } else if (type == F_PACKED) {
+                const uint8_t *q = p;
+                uint64_t v;
+                while (q < p + n) {
+                    if (read_varint(&q, p + n, &v)) return -1;
+                }
             } else if (!utf8_ok(p, n)) {
                 return -1;
             }
@@ -427,7 +438,7 @@ static int resolve(PyObject *blocks, const uint8_t *p, const uint8_t *end, uint3
 /* ---- events ------------------------------------------------------------------------------- */
 
 static PyObject *allocated(PyObject *kind, PyObject *ts, const slot_t *msg) {
-    slot_t a[4], in[MAX_FIELD + 1];
+    slot_t a[5], in[MAX_FIELD + 1];
     fill(&M_ALLOCATED, msg->s, msg->s + msg->n, a);
     if (a[1].present) {
         fill(&M_INTENT, a[1].s, a[1].s + a[1].n, in);
@@ -465,22 +476,50 @@ static PyObject *allocated(PyObject *kind, PyObject *ts, const slot_t *msg) {
         bool_of(&in[22]),        /* recompute_ok */
         bool_of(&in[23]),        /* compression_ok */
         bool_of(&in[24]),        /* prefetch_ok */
+        str_of(&a[4]),           /* scope (of BlockAllocated) */
     };
     return pack(sizeof items / sizeof items[0], items);
 }
 
-static PyObject *named_blocks(PyObject *kind, PyObject *ts, const slot_t *msg, const msgdef *m, PyObject *blocks, int with_next_use) {
-    slot_t a[3];
-    fill(m, msg->s, msg->s + msg->n, a);
+/* A packed repeated uint64 (already scanned) as a list of ints. */
+static PyObject *u64_list(const slot_t *slot) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL || !slot->present) return out;
+    const uint8_t *p = slot->s, *end = slot->s + slot->n;
+    uint64_t v;
+    while (p < end && !read_varint(&p, end, &v)) {
+        PyObject *x = PyLong_FromUnsignedLongLong(v);
+        if (x == NULL || PyList_Append(out, x)) {
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(x);
+    }
+    return out;
+}
+
+static PyObject *accessed(PyObject *kind, PyObject *ts, const slot_t *msg, PyObject *blocks) {
+    slot_t a[6];
+    fill(&M_ACCESSED, msg->s, msg->s + msg->n, a);
     PyObject *found = NULL, *ids = NULL;
     if (resolve(blocks, msg->s, msg->s + msg->n, 1, a[1].n, &found, &ids)) {
         Py_DECREF(kind);
         Py_DECREF(ts);
         return NULL;
     }
-    if (with_next_use) {
-        PyObject *items[] = {kind, ts, opt(i64_of, &a[2]), found, ids};
-        return pack(5, items);
+    PyObject *items[] = {kind, ts, opt(i64_of, &a[2]), found, ids, str_of(&a[3]), u64_list(&a[4]), str_of(&a[5])};
+    return pack(8, items);
+}
+
+static PyObject *named_blocks(PyObject *kind, PyObject *ts, const slot_t *msg, const msgdef *m, PyObject *blocks) {
+    slot_t a[2];
+    fill(m, msg->s, msg->s + msg->n, a);
+    PyObject *found = NULL, *ids = NULL;
+    if (resolve(blocks, msg->s, msg->s + msg->n, 1, a[1].n, &found, &ids)) {
+        Py_DECREF(kind);
+        Py_DECREF(ts);
+        return NULL;
     }
     PyObject *items[] = {kind, ts, found, ids};
     return pack(4, items);
@@ -543,12 +582,12 @@ static PyObject *event_tuple(const uint8_t *p, const uint8_t *end, PyObject *blo
         case 2:
             return allocated(kind, ts, &ev[2]);
         case 3:
-            return named_blocks(kind, ts, &ev[3], &M_ACCESSED, blocks, 1);
+            return accessed(kind, ts, &ev[3], blocks);
         case 4:
             return updated(kind, ts, &ev[4]);
         case 5:
         case 6:
-            return named_blocks(kind, ts, &ev[k], &M_IDS, blocks, 0);
+            return named_blocks(kind, ts, &ev[k], &M_IDS, blocks);
         case 8:
             return acked(kind, ts, &ev[8]);
         case 9:

@@ -41,6 +41,7 @@ from broker.model.wire import (
     A_REQUEST_PRIORITY,
     A_REUSE,
     A_REUSE_WINDOW,
+    A_SCOPE,
     A_SIZE,
     A_SLACK,
     A_SPILL_COST,
@@ -69,6 +70,9 @@ from broker.model.wire import (
     U_REUSE_WINDOW,
     U_SLACK,
     UPDATED,
+    X_ENDS_SCOPE,
+    X_POSITIONS,
+    X_SCOPE,
     BatchReader,
     read_batch,
 )
@@ -167,7 +171,7 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
                 if ts_us > clock.now_us and skew:
                     _check_skew(core, ts_us, received, skew, tenant)
                 if kind == ACCESSED:
-                    _accessed(core, ev, tenant, ts_us, received)
+                    _accessed(core, ev, client, tenant, ts_us, received)
                     accessed += 1
                 elif kind == UPDATED:
                     _intent_updated(core, ev, tenant, ts_us, received)
@@ -366,10 +370,13 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
     tier_name: str = ev[A_TIER]
     t = core.resolve_tier(tier_name, "allocated.tier", empty=0) if tier_name else 0
     reuse: bool = ev[A_REUSE]
+    scope: str = ev[A_SCOPE]
     counts = tenant_counts(core)
     if counts is None:
         _at(core, ts_us, received, tenant)
         core.allocate(block, t, reuse=reuse)
+        if scope:
+            core.place_scoped(block.block_id, (client, scope), block.token_start)
         return
     # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
     before = None if existing is None else existing.tenant
@@ -379,6 +386,8 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
             raise EventError("allocated.intent.tenant", refusal, "RESOURCE_EXHAUSTED")
     _at(core, ts_us, received, tenant)
     core.allocate(block, t, reuse=reuse)
+    if scope:
+        core.place_scoped(block.block_id, (client, scope), block.token_start)
     after = core.blocks[block.block_id].tenant
     if before != after:
         if before is not None:
@@ -412,16 +421,42 @@ def _own(blocks: list[Block], tenant: str, field: str) -> list[Block]:
     return blocks
 
 
-def _accessed(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:
+def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: int, received: int) -> None:
     next_use: int | None = ev[2]
     if next_use is not None and next_use < 0:
         raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
-    blocks = _blocks(core, ev[3], ev[4], "accessed.block_ids")
+    scope: str = ev[X_SCOPE]
+    ends: str = ev[X_ENDS_SCOPE]
+    if not scope and not ends:
+        blocks = _blocks(core, ev[3], ev[4], "accessed.block_ids")
+        if ev[X_POSITIONS]:
+            raise EventError("accessed.token_positions", "only with a scope")
+        if tenant:
+            _own(blocks, tenant, "accessed.block_ids")
+        if ts_us > core.clock.now_us:
+            _at(core, ts_us, received, tenant)
+        core.access(blocks, next_use)
+        return
+    # A request-scoped use, or a scope's end: block_ids may be empty.
+    found: list[Block] | None = ev[3]
+    ids: list[str] | None = ev[4]
+    blocks = _blocks(core, found, ids, "accessed.block_ids") if found is not None or ids else []
     if tenant:
         _own(blocks, tenant, "accessed.block_ids")
+    at: list[int] = ev[X_POSITIONS]
+    if scope and len(at) != len(blocks):
+        raise EventError("accessed.token_positions", f"one per block id: {len(at)} for {len(blocks)} block ids")
+    if not scope and at:
+        raise EventError("accessed.token_positions", "only with a scope")
     if ts_us > core.clock.now_us:
         _at(core, ts_us, received, tenant)
-    core.access(blocks, next_use)
+    if scope:
+        positions = {block.block_id: position for block, position in zip(blocks, at, strict=True)}
+        core.access(blocks, next_use, (client, scope), positions)
+    elif blocks:
+        core.access(blocks, next_use)
+    if ends:
+        core.end_scope((client, ends))
 
 
 def _intent_updated(core: Core, ev: tuple[Any, ...], tenant: str, ts_us: int, received: int) -> None:

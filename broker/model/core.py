@@ -603,9 +603,18 @@ class Core:
         if block.tier != DROPPED:
             stats.prefix_hits_any += 1
 
-    def access(self, blocks: list[Block], next_use_us: int | None = None) -> None:
+    def access(
+        self,
+        blocks: list[Block],
+        next_use_us: int | None = None,
+        scope: tuple[str, str] | None = None,
+        positions: dict[str, int] | None = None,
+    ) -> None:
         """A step read these blocks: each must be in its top allowed tier to be used.
-        ``next_use_us``, when given, is their new deadline (the next step's time)."""
+        ``next_use_us``, when given, is their new deadline (the next step's time).
+        ``scope`` (client, request) makes it a request-scoped use, at token ``positions``:
+        the top tier's plain hits go to its policy's ``access_scoped`` (even none: the scope
+        takes its rank); a block served from elsewhere is a plain use."""
         stats = self.stats
         now = self.clock.now_us
         top = self.tiers[0].policy
@@ -616,7 +625,7 @@ class Core:
         # ``top.access``): compiled, ``hot.append(block)`` is a native list append, and a
         # bound method in a local was a generic call per block (plus the method object made
         # per event): 6.7% and 1.6% of ``apply_batch``'s instructions on the bench workload.
-        many = self._access_many
+        many = self._access_many or scope is not None
         protected: set[str] | None = None
         # The hot path's counters, added to stats once per event (plain sums: nothing reads
         # them in between).
@@ -627,7 +636,10 @@ class Core:
                     # Not a plain top-tier hit: the general path (it may move blocks, so the
                     # whole event's blocks are protected from being pushed out by it).
                     if hot:
-                        top.access_many(hot)
+                        if scope is None:
+                            top.access_many(hot)
+                        else:
+                            top.access_scoped(hot, scope, positions or {})
                         hot.clear()
                     if protected is None:
                         protected = {b.block_id for b in blocks}
@@ -659,7 +671,9 @@ class Core:
                     dl_accesses += 1
                     if now + latency > (due if due > now else now) + self._slack(block):
                         dl_misses += 1
-            if hot:
+            if scope is not None:
+                top.access_scoped(hot, scope, positions or {})
+            elif hot:
                 top.access_many(hot)
         finally:
             # x[i] = x[i] + n, not x[i] += n: compiled, the augmented form is a generic
@@ -824,9 +838,23 @@ class Core:
             self._unindex_owner(block.owner)
             block.heap_version += 1
 
+    def place_scoped(self, block_id: str, scope: tuple[str, str], position: int) -> None:
+        """A scoped allocation (``BlockAllocated.scope``): the block, if its top tier's policy
+        holds it, ranks with the scope at ``position``."""
+        block = self.blocks.get(block_id)
+        if block is not None and block.tier == 0:
+            top = self.tiers[0].policy
+            if block_id in top:
+                top.place_scoped(block, scope, position)
+
+    def end_scope(self, scope: tuple[str, str]) -> None:
+        self.tiers[0].policy.end_scope(scope)
+
     def clear(self, owner: str) -> list[Block]:
         """The client dropped every block it had (engine restart); returns them, in the
-        order it came to own them. O(the client's blocks), whatever other clients hold."""
+        order it came to own them. O(the client's blocks), whatever other clients hold.
+        Its request scopes end."""
+        self.tiers[0].policy.clear_scopes(owner)
         entry = self.by_owner.get(owner)
         if entry is None:
             return []

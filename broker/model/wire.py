@@ -24,8 +24,10 @@ Tuple layouts (index: field), by kind (the number of the ``Event.kind`` field):
 - no kind set: ``(0, ts_us)``; ``cleared``: ``(CLEARED, ts_us)``
 - ``allocated``: ``(ALLOCATED, ts_us, tier, reuse, *intent)``, the MemoryIntent's fields
   from index ``A_BLOCK_ID`` on, in the ``A_*`` order below; an unset ``optional`` is None,
-  ``allowed_tiers`` a tuple of names
-- ``accessed``: ``(ACCESSED, ts_us, next_use_us or None, blocks, ids)``
+  ``allowed_tiers`` a tuple of names; then ``scope`` (index ``A_SCOPE``)
+- ``accessed``: ``(ACCESSED, ts_us, next_use_us or None, blocks, ids, scope, token_positions,
+  ends_scope)``: ``scope`` and ``ends_scope`` strings ("" unset), ``token_positions`` a list
+  of ints
 - ``released``, ``freed``: ``(kind, ts_us, blocks, ids)``. ``blocks`` is the list of the
   named blocks when every id is known and there is at least one, and ``ids`` is None;
   otherwise ``blocks`` is None and ``ids`` the list of ids, so that the caller can name
@@ -103,6 +105,12 @@ A_REUSE_WINDOW: Final = 24
 A_RECOMPUTE_OK: Final = 25
 A_COMPRESSION_OK: Final = 26
 A_PREFETCH_OK: Final = 27
+A_SCOPE: Final = 28
+
+# accessed: (ACCESSED, ts_us, next_use_us, blocks, ids, scope, token_positions, ends_scope)
+X_SCOPE: Final = 5
+X_POSITIONS: Final = 6
+X_ENDS_SCOPE: Final = 7
 
 # intent_updated: (UPDATED, ts_us, block_id, then the optional changes)
 U_BLOCK_ID: Final = 2
@@ -183,10 +191,19 @@ def event_tuple(event: pb.Event, blocks: dict[str, Any] | None) -> tuple[Any, ..
             i.recompute_ok,
             i.compression_ok,
             i.prefetch_ok,
+            alloc.scope,
         )
     if kind == "accessed":
         accessed = event.accessed
-        return (ACCESSED, ts, _opt(accessed, "next_use_us"), *_named(blocks, list(accessed.block_ids)))
+        return (
+            ACCESSED,
+            ts,
+            _opt(accessed, "next_use_us"),
+            *_named(blocks, list(accessed.block_ids)),
+            accessed.scope,
+            list(accessed.token_positions),
+            accessed.ends_scope,
+        )
     if kind == "intent_updated":
         u = event.intent_updated
         return (

@@ -8,8 +8,9 @@ with the native reader, exactly as it reads a batch the broker received or a jou
 replays.
 
 Only what the adapter needs: ``allocated`` (block id, request id, a few intent fields, size
-1), ``accessed``, ``intent_updated`` (the intent fields of a hint), ``freed``, ``cleared``
-and ``eviction_requested``.
+1; ``scoped_allocated`` adds token_start and the scope), ``accessed`` (``scoped_accessed``
+with a scope, token positions and a scope's end), ``intent_updated`` (the intent fields of a
+hint), ``freed``, ``cleared`` and ``eviction_requested``.
 """
 
 from __future__ import annotations
@@ -126,8 +127,65 @@ def allocated(ts: bytes, id_bytes: bytes, intent_rest: bytes) -> bytes:
     return ts + _ALLOCATED + (_SMALL[n] if n < 128 else _varint(n)) + inner
 
 
+# Token positions repeat (multiples of a block's tokens), and a varint written in Python
+# costs more than the rest of an event: their encodings are kept, bounded. By value: the
+# varint; the MemoryIntent.token_start field.
+_POSITIONS: dict[int, bytes] = {}
+_TOKEN_STARTS: dict[int, bytes] = {}
+
+
+def position_varint(value: int) -> bytes:
+    out = _POSITIONS.get(value)
+    if out is None:
+        out = varint(value)
+        if len(_POSITIONS) < 65_536:
+            _POSITIONS[value] = out
+    return out
+
+
+def scoped_allocated(ts: bytes, id_bytes: bytes, intent_rest: bytes, scope_tail: bytes, token_start: int) -> bytes:
+    """``allocated`` with MemoryIntent.token_start and BlockAllocated.scope (``scope_tail``:
+    ``allocation_scope(name)``)."""
+    start = _TOKEN_STARTS.get(token_start)
+    if start is None:
+        start = b"\x80\x01" + varint(token_start) if token_start else b""  # 16 token_start
+        if len(_TOKEN_STARTS) < 65_536:
+            _TOKEN_STARTS[token_start] = start
+    intent = id_bytes + intent_rest + start
+    n = len(intent)
+    inner = b"\x0a" + (_SMALL[n] if n < 128 else _varint(n)) + intent + scope_tail
+    n = len(inner)
+    return ts + _ALLOCATED + (_SMALL[n] if n < 128 else _varint(n)) + inner
+
+
+def allocation_scope(name: str) -> bytes:
+    """A request scope's name as field 4 of BlockAllocated (its scope)."""
+    return string_field(b"\x22", name)
+
+
+def scope(name: str) -> bytes:
+    """A request scope's name as field 3 (BlocksAccessed.scope); ``ending_accessed`` re-tags
+    it as field 5 (ends_scope)."""
+    return string_field(b"\x1a", name)
+
+
 def accessed(ts: bytes, id_fields: Iterable[bytes]) -> bytes:
     return event(ts, _ACCESSED, b"".join(id_fields))
+
+
+def scoped_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes, positions: Iterable[int]) -> bytes:
+    """A request-scoped ``accessed``: the blocks at their token ``positions`` (one each)."""
+    packed = b"".join([_POSITIONS.get(p) or position_varint(p) for p in positions])
+    n = len(packed)
+    body = b"".join(id_fields) + scope_field
+    if n:
+        body += b"\x22" + (_SMALL[n] if n < 128 else _varint(n)) + packed  # 4 token_positions
+    return event(ts, _ACCESSED, body)
+
+
+def ending_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes) -> bytes:
+    """A plain ``accessed`` after which the scope ends (``ends_scope``)."""
+    return event(ts, _ACCESSED, b"".join(id_fields) + b"\x2a" + scope_field[1:])
 
 
 def updated(ts: bytes, id_bytes: bytes, changes: bytes) -> bytes:

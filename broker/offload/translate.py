@@ -5,20 +5,24 @@ The translation (one CPU tier of one-byte chunks; a chunk's block id is its Offl
 ================================  ===================================================================
 vLLM calls                        kvbroker events
 ================================  ===================================================================
-``insert(key, chunk, req)``       ``allocated`` (request id, the request's hinted intent, size 1)
+``insert(key, chunk, req)``       ``allocated`` (request id, the request's hinted intent, size 1); a
+                                  key with a token position: scoped by the request (``scope``, the
+                                  position as ``token_start``), as vLLM's LRU ranks it
 ``touch(keys, req)``              ``accessed`` of the resident keys, last first (vLLM's touch makes
                                   the first key the most recent)
 ``on_request_finished(groups)``   ``accessed`` of the request's resident keys in prefix order, tail
-                                  first (vLLM's request-scoped access); a hinted request also sends
-                                  ``intent_updated`` for each (its intent reaches chunks it reused)
+                                  first, then the request's scope ends (``ends_scope``); a hinted
+                                  request also sends ``intent_updated`` for each (its intent
+                                  reaches chunks it reused)
 ``remove(key)``                   ``freed``
 ``evict(n, protected)``           ``eviction_requested`` (count n; protected: vLLM's ``protected``
                                   plus every chunk vLLM holds non-evictable), then ``freed`` of the
                                   victims (vLLM forgets them)
 ``clear()``                       ``cleared``
-``on_request_access(keys, req)``  ``accessed`` of the resident keys that have a token position, tail
-                                  first, ties by key (vLLM's LRU ranks them with the request,
-                                  tails first; docs/vllm.md says where this differs)
+``on_request_access(keys, req)``  a scoped ``accessed`` (``scope``: the request id) of the resident
+                                  keys that have a token position, with their positions, tail
+                                  first, ties by key; sent even with none (the request takes its
+                                  rank, as in vLLM's LRU)
 ``mark_evictable`` / ``mark_non_evictable``, ``on_store_miss``, ``get``:
                                   no event (non-evictable chunks travel as protected ids)
 ================================  ===================================================================
@@ -114,6 +118,10 @@ class RequestIntent:
     intent_rest: bytes
     # The IntentUpdated fields after block_id when the request has a hint ("" otherwise).
     update_rest: bytes
+    # The request id as a scope field (events.scope), "" for a request with no id; and as
+    # BlockAllocated's (events.allocation_scope).
+    scope_field: bytes = b""
+    scope_tail: bytes = b""
 
 
 class Translator:
@@ -221,7 +229,11 @@ class Translator:
         if reason:
             self.stats.hints_ignored[reason] += 1
             log.warning("kvbroker: request %s: kv_hints ignored: %s", getattr(req_context, "req_id", "?"), reason)
-        state = self._encode_intent(str(getattr(req_context, "req_id", "") or ""), hint)
+        request_id = str(getattr(req_context, "req_id", "") or "")
+        state = self._encode_intent(request_id, hint)
+        if request_id:
+            state.scope_field = events.scope(request_id)
+            state.scope_tail = events.allocation_scope(request_id)
         req_context.set_state(state)
         return state
 
@@ -267,7 +279,12 @@ class Translator:
         state = req_context.get_state(RequestIntent)
         if state is None or state.owner is not self or state.generation != self._generation:
             state = self.request_intent(req_context)
-        event = events.allocated(self.timestamp(), field, state.intent_rest)
+        # A positioned chunk ranks with its request (vLLM's LRU: (request rank, -position)).
+        position = req_context.get_offload_key_position(key) if state.scope_field else None
+        if position is None:
+            event = events.allocated(self.timestamp(), field, state.intent_rest)
+        else:
+            event = events.scoped_allocated(self.timestamp(), field, state.intent_rest, state.scope_tail, position)
         buffer = self._buffer  # after timestamp(), which may have applied (and replaced) it
         buffer.append(event)
         if len(buffer) >= FLUSH_EVENTS:
@@ -289,42 +306,47 @@ class Translator:
         reused_keys: set[Any],
         req_context: Any,
     ) -> None:
-        self._access(prefix_order(key_groups, req_context), req_context)
+        self._access(prefix_order(key_groups, req_context), req_context, ends_scope=True)
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
-        """A request's first access of chunks, before it finishes: an access of the resident
-        ones that have a token position, tail first (ties: by key). vLLM's LRU ranks them
-        (request, -position) with the rank the request took at its first use; the access
-        makes them the newest, as that rank is when the request is the newest (its first
-        call). Keys without a position are left alone (vLLM's LRU leaves them too).
-        docs/vllm.md ("How faithful") says what no event can express."""
-        position = getattr(req_context, "get_offload_key_position", None)
-        if position is None:
-            return
-        entries = self.entries
-        placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None]
-        if not placed:
-            return
-        # vLLM's LRU ranks them (request, -position), and chunks of one rank (the KV cache
-        # groups of a token position) by key: tails first, then by key bytes.
-        placed.sort(key=lambda p: (-p[0], p[1]))
-        ordered = [key for _, key in placed]
-        ordered.reverse()  # _access reads the last first
-        self._access(ordered, req_context)
-
-    def _access(self, keys: list[Any], req_context: Any) -> None:
-        """An access of ``keys`` (head first): the last is read first, so the first ends
-        the most recent, as in vLLM's own touch."""
-        entries = self.entries
-        fields = [entry[2] for key in reversed(keys) if (entry := entries.get(key)) is not None]
-        if not fields:
-            return
-        ts = self.timestamp()
+        """The request's chunks are used while it runs: a scoped access (the request id as
+        the scope) of the resident ones that have a token position, with their positions,
+        tail first (ties: by key). vLLM's LRU ranks them (request rank, -position), raising
+        only; so does kvbroker's lru with a scoped use. Sent even when no chunk qualifies:
+        the request's first call takes its rank, in vLLM and in the scope alike."""
         intent = self.request_intent(req_context)
+        if not intent.scope_field:
+            return  # no request id, no scope: vLLM ranks it, but nothing can name it here
+        position = getattr(req_context, "get_offload_key_position", None)
+        entries = self.entries
+        placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None] if position is not None else []
+        # Tails first, then by key bytes (vLLM's order of equal ranks).
+        placed.sort(key=lambda p: (-p[0], p[1]))
+        fields = [entries[key][2] for _, key in placed]
+        ts = self.timestamp()
         if intent.update_rest:
             for field in dict.fromkeys(fields):
                 self.record(events.updated(ts, field, intent.update_rest))
-        self.record(events.accessed(ts, fields))
+        self.record(events.scoped_accessed(ts, fields, intent.scope_field, [at for at, _ in placed]))
+
+    def _access(self, keys: list[Any], req_context: Any, *, ends_scope: bool = False) -> None:
+        """An access of ``keys`` (head first): the last is read first, so the first ends
+        the most recent, as in vLLM's own touch. ``ends_scope``: the request's scope ends
+        with it (its finish)."""
+        entries = self.entries
+        fields = [entry[2] for key in reversed(keys) if (entry := entries.get(key)) is not None]
+        intent = self.request_intent(req_context)
+        ending = ends_scope and intent.scope_field
+        if not fields and not ending:
+            return
+        ts = self.timestamp()
+        if intent.update_rest:
+            for field in dict.fromkeys(fields):
+                self.record(events.updated(ts, field, intent.update_rest))
+        if ending:
+            self.record(events.ending_accessed(ts, fields, intent.scope_field))
+        else:
+            self.record(events.accessed(ts, fields))
 
     def mark_evictable(self, key: Any) -> None:
         self.held.discard(key)

@@ -99,22 +99,30 @@ class MemoryIntent(_message.Message):
     def __init__(self, block_id: _Optional[str] = ..., request_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., deadline_us: _Optional[int] = ..., slack_us: _Optional[int] = ..., recompute_cost_us: _Optional[int] = ..., spill_cost_us: _Optional[int] = ..., size_bytes: _Optional[int] = ..., pin_requested: _Optional[bool] = ..., is_draft: _Optional[bool] = ..., is_committed: _Optional[bool] = ..., tenant: _Optional[str] = ..., layer: _Optional[int] = ..., head_group: _Optional[int] = ..., token_start: _Optional[int] = ..., token_count: _Optional[int] = ..., allowed_tiers: _Optional[_Iterable[str]] = ..., parent_block_id: _Optional[str] = ..., request_priority: _Optional[int] = ..., expected_reuse_window_tokens: _Optional[int] = ..., recompute_ok: _Optional[bool] = ..., compression_ok: _Optional[bool] = ..., prefetch_ok: _Optional[bool] = ...) -> None: ...
 
 class BlockAllocated(_message.Message):
-    __slots__ = ("intent", "tier", "reuse")
+    __slots__ = ("intent", "tier", "reuse", "scope")
     INTENT_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REUSE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
     intent: MemoryIntent
     tier: str
     reuse: bool
-    def __init__(self, intent: _Optional[_Union[MemoryIntent, _Mapping]] = ..., tier: _Optional[str] = ..., reuse: _Optional[bool] = ...) -> None: ...
+    scope: str
+    def __init__(self, intent: _Optional[_Union[MemoryIntent, _Mapping]] = ..., tier: _Optional[str] = ..., reuse: _Optional[bool] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class BlocksAccessed(_message.Message):
-    __slots__ = ("block_ids", "next_use_us")
+    __slots__ = ("block_ids", "next_use_us", "scope", "token_positions", "ends_scope")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_USE_US_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    ENDS_SCOPE_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[str]
     next_use_us: int
-    def __init__(self, block_ids: _Optional[_Iterable[str]] = ..., next_use_us: _Optional[int] = ...) -> None: ...
+    scope: str
+    token_positions: _containers.RepeatedScalarFieldContainer[int]
+    ends_scope: str
+    def __init__(self, block_ids: _Optional[_Iterable[str]] = ..., next_use_us: _Optional[int] = ..., scope: _Optional[str] = ..., token_positions: _Optional[_Iterable[int]] = ..., ends_scope: _Optional[str] = ...) -> None: ...
 
 class IntentUpdated(_message.Message):
     __slots__ = ("block_id", "phase", "priority", "deadline_us", "slack_us", "pin_requested", "is_committed", "is_draft", "recompute_cost_us", "clear_deadline", "expected_reuse_window_tokens", "request_priority")

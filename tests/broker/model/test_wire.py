@@ -60,6 +60,29 @@ eviction_event = st.builds(
     st.lists(st.sampled_from(["a", "b", "", "zz", "ü"]), max_size=4),
 )
 
+# Request-scoped uses: a scope, positions (any uint64), a scope's end, a scoped allocation.
+scoped_event = st.one_of(
+    st.builds(
+        lambda t, ids, scope, at, ends: pb.Event(
+            ts_us=t, accessed=pb.BlocksAccessed(block_ids=ids, scope=scope, token_positions=at, ends_scope=ends)
+        ),
+        st.integers(0, 2**63 - 1),
+        st.lists(st.sampled_from(["a", "b", "zz", "ü"]), max_size=4),
+        st.sampled_from(["", "r1", "ünï"]),
+        st.lists(st.one_of(st.integers(0, 2**20), st.just(2**64 - 1)), max_size=4),
+        st.sampled_from(["", "r1", "r2"]),
+    ),
+    st.builds(
+        lambda t, scope, start: pb.Event(
+            ts_us=t,
+            allocated=pb.BlockAllocated(intent=pb.MemoryIntent(block_id="a", size_bytes=1, token_start=start), scope=scope),
+        ),
+        st.integers(0, 2**63 - 1),
+        st.sampled_from(["", "r1", "ünï"]),
+        st.integers(0, 2**64 - 1),
+    ),
+)
+
 batches = st.builds(
     lambda client, seq, tenant, events: pb.IntentBatch(client_id=client, batch_seq=seq, tenant=tenant, events=events),
     st.sampled_from(["", "c1", "ünï"]),
@@ -72,6 +95,7 @@ batches = st.builds(
             st.just(pb.Event(ts_us=3)),
             st.just(pb.Event(cleared=pb.AllBlocksCleared())),
             eviction_event,
+            scoped_event,
         ),
         max_size=12,
     ),
@@ -111,6 +135,23 @@ def test_native_refuses_or_agrees_on_fuzzed_bytes(raw: bytes, with_blocks: bool)
 
 def event_bytes(ts: int, field: int, body: bytes) -> bytes:
     return vi(1, ts) + ld(field, body)
+
+
+def test_token_positions_unpacked_are_refused_natively_and_read_by_the_reference() -> None:
+    """Protobuf also reads a repeated uint64 written one varint per value (unpacked). No
+    protobuf library writes it so for proto3; the native reader reads only the packed form
+    and refuses this one, and read_batch falls back."""
+    assert wire.native is not None
+    body = ld(1, b"a") + ld(3, b"r1") + vi(4, 7) + vi(4, 300)
+    raw = ld(1, b"c1") + vi(2, 1) + ld(3, event_bytes(7, 3, body))
+    with pytest.raises(wire.native.Unsupported):
+        wire.native.BatchReader(raw)
+    (event,) = list(wire.read_batch(raw).events())
+    assert event[wire.X_SCOPE] == "r1" and event[wire.X_POSITIONS] == [7, 300]
+    packed = ld(1, b"a") + ld(3, b"r1") + ld(4, bytes([7]) + bytes([0xAC, 0x02])) + ld(5, b"r0")
+    raw = ld(1, b"c1") + vi(2, 1) + ld(3, event_bytes(7, 3, packed))
+    (event,) = list(wire.native.BatchReader(raw).events())
+    assert event[wire.X_SCOPE :] == ("r1", [7, 300], "r0")
 
 
 def test_a_merged_encoding_is_refused_natively_and_read_by_the_reference() -> None:
@@ -191,9 +232,9 @@ def test_block_ids_are_looked_up_as_each_event_is_read() -> None:
     )
     blocks: dict[str, Any] = {"a": BLOCKS["a"]}
     events = wire.native.BatchReader(batch.SerializeToString()).events(blocks)
-    assert next(events) == (wire.ACCESSED, 1, None, None, ["a", "new"])  # "new" unknown: the ids, to name it
+    assert next(events) == (wire.ACCESSED, 1, None, None, ["a", "new"], "", [], "")  # "new" unknown: the ids, to name it
     blocks["new"] = marker = object()
-    assert next(events) == (wire.ACCESSED, 2, 9, [BLOCKS["a"], marker], None)
+    assert next(events) == (wire.ACCESSED, 2, 9, [BLOCKS["a"], marker], None, "", [], "")
     assert next(events, None) is None
 
 

@@ -56,9 +56,9 @@ class LRUAnchoredPerCall(LRUCachePolicy):
     """vLLM's own LRU with one change: a request's rank is renewed at every call that asks
     for it (each ``on_request_access``, each positioned ``insert``), instead of being fixed
     at the request's first use. A request-scoped use then counts as of the call that makes
-    it: the newest, tails before heads within the call. That is what move-to-end events can
-    express; the tests check that kvbroker's ``lru`` evicts exactly what this evicts, which
-    pins the one difference from vLLM's LRU (docs/vllm.md, "How faithful").
+    it: the newest, tails before heads within the call (what plain move-to-end accesses
+    express). The tests use it to show that a stream exercises the request's rank: where
+    this answers otherwise than vLLM's LRU, kvbroker's lru must still answer as vLLM's.
 
     Overrides a private method of vLLM 0.33's LRUCachePolicy (``_get_request_rank``); a
     vLLM that renames it fails the tests that use this loudly (the manager cannot build it)."""

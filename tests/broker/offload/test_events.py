@@ -97,3 +97,32 @@ def test_a_batch_parses_and_both_readers_agree(client: str, tenant: str, seq: in
     reference = list(wire.ReferenceReader(batch).events())
     assert list(wire.read_batch(raw).events()) == reference
     assert reference[2] == (wire.EVICTION, 5, "", 2, blocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ts=st.integers(0, 2**62),
+    blocks=st.lists(ids, max_size=5),
+    request=st.text(min_size=1, max_size=20),
+    start=st.one_of(st.just(0), st.integers(0, 2**64 - 1)),
+    positions=st.lists(st.integers(0, 2**64 - 1), max_size=5),
+)
+def test_the_scoped_events_parse_as_intended(ts: int, blocks: list[str], request: str, start: int, positions: list[int]) -> None:
+    t = events.timestamp(ts)
+    fields = [events.id_field(b) for b in blocks]
+    positions = (positions + [7] * len(blocks))[: len(blocks)]
+    rest = events.intent_fields(request)
+    raw = events.scoped_allocated(t, events.id_field("k"), rest, events.allocation_scope(request), start)
+    intent = pb.MemoryIntent(block_id="k", request_id=request, size_bytes=1, token_start=start)
+    assert pb.Event.FromString(raw) == pb.Event(ts_us=ts, allocated=pb.BlockAllocated(intent=intent, scope=request))
+    # Twice: the second comes from the token_start cache.
+    assert events.scoped_allocated(t, events.id_field("k"), rest, events.allocation_scope(request), start) == raw
+    scoped = pb.BlocksAccessed(block_ids=blocks, scope=request, token_positions=positions)
+    raw = events.scoped_accessed(t, fields, events.scope(request), positions)
+    assert pb.Event.FromString(raw) == pb.Event(ts_us=ts, accessed=scoped)
+    # The native reader reads them as the reference does (packed positions).
+    assert list(wire.read_batch(events.batch(events.batch_head("c"), 1, [raw])).events()) == list(
+        wire.ReferenceReader(pb.IntentBatch.FromString(events.batch(events.batch_head("c"), 1, [raw]))).events()
+    )
+    ending = pb.BlocksAccessed(block_ids=blocks, ends_scope=request)
+    assert pb.Event.FromString(events.ending_accessed(t, fields, events.scope(request))) == pb.Event(ts_us=ts, accessed=ending)

@@ -1,10 +1,10 @@
 """Which kvbroker events each of vLLM's CachePolicy calls becomes, in which order (no vLLM).
 
-The accesses go where vLLM's own LRU (vllm/v1/kv_offload/cpu/policies/lru.py) ranks chunks
-as the newest, in the order it ranks them: ``touch`` and a request's finish read the last
-key first (the head ends the most recent), a request's first reads go tail first, and
-calls that move nothing in vLLM's LRU send nothing. docs/vllm.md ("How faithful") says
-where vLLM's LRU places a chunk elsewhere than the newest end, which no event expresses.
+The accesses go where vLLM's own LRU (vllm/v1/kv_offload/cpu/policies/lru.py) ranks chunks,
+in the order it ranks them: ``touch`` and a request's finish read the last key first (the
+head ends the most recent); a running request's reads and positioned stores are scoped by
+the request (kvbroker's lru ranks them with it, tails first), its finish ends the scope;
+calls that move nothing in vLLM's LRU send nothing.
 The same against vLLM's real manager and LRU is in test_vllm_manager.py (marker ``vllm``).
 """
 
@@ -47,16 +47,21 @@ class Recorded:
         """The lru's order of the resident chunks, least recent first (what it evicts first)."""
         self.t.apply()
         policy = self.t.local.core.tiers[0].policy
-        return [int(b[:16], 16) for b in policy._order]
+        ranked = policy.choose_victims(len(policy), set()) or []
+        return [int(b.block_id[:16], 16) for b in ranked]
 
 
 def parse(raw: bytes) -> tuple[str, list[str]]:
     ev = pb.Event.FromString(raw)
     kind = ev.WhichOneof("kind")
-    if kind == "allocated":
+    if kind == "allocated" and not ev.allocated.scope:
         return kind, [ev.allocated.intent.block_id]
     if kind == "accessed":
-        return kind, list(ev.accessed.block_ids)
+        a = ev.accessed
+        name = kind + (f" scope {a.scope} at {list(a.token_positions)}" if a.scope else "")
+        return name + (f" ends {a.ends_scope}" if a.ends_scope else ""), list(a.block_ids)
+    if kind == "allocated" and ev.allocated.scope:
+        return f"allocated scope {ev.allocated.scope} at {ev.allocated.intent.token_start}", [ev.allocated.intent.block_id]
     if kind == "freed":
         return kind, list(ev.freed.block_ids)
     if kind == "eviction_requested":
@@ -87,8 +92,11 @@ def test_each_call_sends_the_events_of_its_row_in_order() -> None:
     r.t.get(k(1))
     r.t.mark_non_evictable(k(1))
     r.t.mark_evictable(k(1))
-    r.t.on_request_access([k(1), k(2)], a)  # no token positions: vLLM's LRU leaves them
-    assert r.take() == []
+    # No token positions: vLLM's LRU leaves them, but the request takes its rank (a scoped
+    # access of nothing).
+    r.t.on_request_access([k(1), k(2)], a)
+    assert r.take() == [("accessed scope a at []", [])]
+    assert r.order() == [1, 2, 3]
     # touch: the last key read first, so the first ends the most recent; absent keys skipped.
     r.t.touch([k(1), k(9), k(2)], a)
     assert r.take() == [("accessed", [2, 1])]
@@ -105,16 +113,20 @@ def test_a_request_is_read_tail_first_at_its_first_access_and_at_its_finish() ->
     store(r, request("old"), 1, 2, 3)
     r.take()
     live = request("live", positions)
-    # Its first access: the resident keys with a position, tail first (vLLM ranks them
-    # (request, -position)); a key not resident is skipped.
+    # Its first access: the resident keys with a position, tail first, scoped by the request
+    # (vLLM ranks them (request, -position)); a key not resident is skipped.
     r.t.on_request_access([k(1), k(4), k(3)], live)
-    assert r.take() == [("accessed", [3, 1])]
+    assert r.take() == [("accessed scope live at [48, 16]", [3, 1])]
     assert r.order() == [2, 3, 1]
+    # A positioned store ranks with the request too: below what was used since it began.
+    r.t.touch([k(2)], request("other"))
     store(r, live, 4)
-    r.take()
-    # Its finish: every resident key, sorted by position, tail first: the head ends newest.
+    assert r.take() == [("accessed", [2]), ("allocated scope live at 64", [4])]
+    assert r.order() == [4, 3, 1, 2]
+    # Its finish: every resident key, sorted by position, tail first: the head ends newest;
+    # then the request's scope ends.
     r.t.on_request_finished([[k(3), k(1)], [k(4), k(2)]], {k(4)}, {k(1), k(3)}, live)
-    assert r.take() == [("accessed", [4, 3, 2, 1])]
+    assert r.take() == [("accessed ends live", [4, 3, 2, 1])]
     assert r.order() == [4, 3, 2, 1]
     # Keys at one position (two KV cache groups) share vLLM's rank and leave by key bytes:
     # the smaller is read first, so it stays the older.
@@ -122,11 +134,11 @@ def test_a_request_is_read_tail_first_at_its_first_access_and_at_its_finish() ->
     store(r, request("other"), 5)
     r.take()
     r.t.on_request_access([k(5), k(2), k(1)], tied)
-    assert r.take() == [("accessed", [1, 2, 5])]
+    assert r.take() == [("accessed scope tied at [32, 16, 16]", [1, 2, 5])]
     # Without every key's position, the groups' keys as given, the last first.
     partial = request("partial", {1: 16})
     r.t.on_request_finished([[k(2), k(1)], [k(3)]], set(), set(), partial)
-    assert r.take() == [("accessed", [3, 1, 2])]
+    assert r.take() == [("accessed ends partial", [3, 1, 2])]
 
 
 @pytest.mark.parametrize("held", [False, True])

@@ -3,11 +3,12 @@
 
 - faithfulness: kvbroker's ``lru`` makes vLLM's manager answer exactly as vLLM's own LRU
   does (every lookup, every store's stored and evicted keys) over long random streams of
-  concurrent requests without token positions; with token positions, exactly as vLLM's LRU
-  with one change, a request's rank taken at each call instead of at its first use
-  (``LRUAnchoredPerCall``): that anchor is the one difference, which no kvbroker event
-  can express (shown on the smallest case). Where vLLM's ARC differs (docs/vllm.md), the
-  traces agree up to the first eviction that differs, and the difference is measured.
+  concurrent requests, without and with token positions (a running request's chunks rank
+  with the request: request-scoped events), one or two KV cache groups, with cache resets;
+  on the same streams an LRU that renews a request's rank at each call
+  (``LRUAnchoredPerCall``) answers otherwise, so the streams exercise the request's rank.
+  Where vLLM's ARC differs (docs/vllm.md), the traces agree up to the first eviction that
+  differs, and the difference is measured.
 - contract: through the manager, every eviction the adapter grants names chunks the manager
   can drop (evictable, not protected), the manager never raises, and the adapter's core
   holds exactly the manager's chunks.
@@ -69,21 +70,22 @@ def test_kvbroker_lru_evicts_exactly_what_vllm_lru_evicts(seed: int) -> None:
 
 
 @pytest.mark.parametrize(("seed", "groups"), [(1, 1), (2, 1), (3, 2), (4, 2)])
-def test_with_token_positions_kvbroker_lru_evicts_exactly_what_vllm_lru_anchored_per_call_evicts(seed: int, groups: int) -> None:
+def test_with_token_positions_kvbroker_lru_evicts_exactly_what_vllm_lru_evicts(seed: int, groups: int) -> None:
     """Token positions as vLLM's scheduler sets them, several requests in flight, one or two
-    KV cache groups (a hybrid model's: two keys per position): kvbroker's lru answers as
-    vLLM's own LRU does once a request's rank is taken at each call (``LRUAnchoredPerCall``,
-    vLLM's class with that one method changed)."""
+    KV cache groups (a hybrid model's: two keys per position), cache resets: kvbroker's lru
+    answers exactly as vLLM's own LRU, which ranks a running request's chunks at the rank
+    the request took at its first use (the adapter sends them as request-scoped uses)."""
     steps = 20_000
     for capacity, docs, concurrency in ((40, 12, 4), (128, 40, 8)):
         stream = {"positions": True, "docs": docs, "concurrency": concurrency, "groups": groups, "reset_every": 7_000}
-        theirs = driver().random_stream(driver().anchored_lru_manager(capacity), seed, steps, **stream)
+        theirs = driver().random_stream(driver().vllm_manager("lru", capacity), seed, steps, **stream)
         ours = driver().random_stream(driver().kvbroker_manager("lru", capacity), seed, steps, **stream)
         assert first_difference(theirs, ours) is None
         assert evicted(ours) > 1000 and sum(x[2] for x in ours if x[0] == "lookup") > 200
-        # vLLM's own LRU differs on the same stream (the anchor matters here).
-        vllms = driver().random_stream(driver().vllm_manager("lru", capacity), seed, steps, **stream)
-        assert first_difference(vllms, ours) is not None
+        assert ("reset",) in ours
+        # The request's rank matters on this stream: renewing it at each call answers otherwise.
+        anchored = driver().random_stream(driver().anchored_lru_manager(capacity), seed, steps, **stream)
+        assert first_difference(anchored, ours) is not None
 
 
 def lru_answers(manager: Any) -> tuple[list[Any], list[Any]]:
@@ -124,17 +126,16 @@ def lru_answers(manager: Any) -> tuple[list[Any], list[Any]]:
     return victims, [a, b, k]
 
 
-def test_vllm_lru_ranks_a_running_requests_new_chunk_below_older_uses_which_no_event_expresses() -> None:
-    """vLLM's LRU evicts k (just stored by a running request) before a and b; kvbroker's
-    lru, whose events each make a chunk the newest, evicts a, then b. Making k older than a
-    and b would take accesses of a and b after k's allocation: reads that did not happen
-    (docs/vllm.md, "How faithful")."""
+def test_a_running_requests_new_chunk_ranks_below_older_uses_as_in_vllm_lru() -> None:
+    """vLLM's LRU evicts k (just stored by a running request) before a and b: k ranks with
+    its request, whose rank is older than b's touch. kvbroker's lru does the same through a
+    request-scoped allocation; an LRU where each use is the newest evicts a, then b."""
     theirs, (a, b, k) = lru_answers(driver().vllm_manager("lru", 3))
     assert theirs == [k, a]
     ours, _ = lru_answers(driver().kvbroker_manager("lru", 3))
-    assert ours == [a, b]
+    assert ours == theirs
     anchored, _ = lru_answers(driver().anchored_lru_manager(3))
-    assert anchored == ours
+    assert anchored == [a, b]
 
 
 def test_chunks_of_one_token_position_leave_in_vllms_key_order() -> None:
@@ -176,7 +177,7 @@ def test_on_the_mooncake_trace_with_token_positions_lru_evicts_what_vllm_lru_evi
         assert sum(len(e or ()) for e in ours) > 1000 and a[0] > 0
 
 
-@pytest.mark.parametrize(("policy", "positions"), [("lru", True), ("arc", False), ("arc", True)])
+@pytest.mark.parametrize(("policy", "positions"), [("arc", False), ("arc", True)])
 def test_where_the_definitions_differ_the_traces_agree_until_an_eviction_differs(policy: str, positions: bool) -> None:
     theirs = driver().random_stream(driver().vllm_manager(policy, 40), 1, 20_000, positions=positions, docs=12)
     ours = driver().random_stream(driver().kvbroker_manager(policy, 40), 1, 20_000, positions=positions, docs=12)
@@ -251,18 +252,21 @@ def test_a_hinted_request_keeps_its_chunks_under_priority_lru() -> None:
         assert manager._policy.translator.stats.hinted_requests == 1
 
 
-def test_the_embedded_journal_replays_with_verify(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("policy", "other"), [("s3fifo", "lru"), ("lru", "s3fifo")])
+def test_the_embedded_journal_replays_with_verify(tmp_path: Path, policy: str, other: str) -> None:
+    """The journal (with request-scoped events: token positions) replays to the same
+    evictions, and runs another policy on the same traffic."""
     url = f"file://{tmp_path}/vllm.journal"
-    manager = driver().kvbroker_manager("s3fifo", 24, journal=url)
+    manager = driver().kvbroker_manager(policy, 24, journal=url)
     trace = driver().random_stream(manager, 5, 8000, positions=True, docs=8)
     manager._policy.close()
     assert evicted(trace) > 100
-    cli = [sys.executable, "-m", "broker.cli.main", "replay", "--journal", url, "--policy", "s3fifo,lru", "--verify", "--json"]
+    cli = [sys.executable, "-m", "broker.cli.main", "replay", "--journal", url, "--policy", f"{policy},{other}", "--verify", "--json"]
     run = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     records = {r["policy"]: r for r in json.loads(run.stdout)}
-    assert records["s3fifo"]["verified"] is True and records["s3fifo"]["evictions"] == evicted(trace)
-    assert records["lru"]["verified"] is None  # another policy on the same traffic: an A/B, not a check
+    assert records[policy]["verified"] is True and records[policy]["evictions"] == evicted(trace)
+    assert records[other]["verified"] is None  # another policy on the same traffic: an A/B, not a check
 
 
 def test_the_real_offloading_spec_hands_its_extra_config_to_the_policy(tmp_path: Path) -> None:
