@@ -146,6 +146,18 @@ class ARCPolicy(Policy):
         self._t2[bid] = held
         self._t2_bytes += held.size
 
+    def refresh(self, blocks: list[Block]) -> None:
+        """Used, not read (a request finished with chunks it only stored): the newest end of
+        the list each block is in. Not a reuse, so a T1 block stays in T1 (vLLM's ARC does
+        the same with a finished request's insertion-only chunks)."""
+        t1, t2 = self._t1, self._t2
+        for block in blocks:
+            bid = block.block_id
+            if bid in t1:
+                t1.move_to_end(bid)
+            else:
+                t2.move_to_end(bid)
+
     def _pop_resident(self, block: Block) -> tuple[bool, int]:
         """Take the block out of T1 or T2: (whether it was in T1, its size)."""
         bid = block.block_id

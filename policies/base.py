@@ -388,6 +388,12 @@ class Policy(ABC):
         for block in blocks:
             self.access(block)
 
+    def refresh(self, blocks: list[Block]) -> None:
+        """``blocks`` were used but not read (``BlocksAccessed.refresh_only``: a request
+        finished with chunks it stored). A policy that tells a reuse from recency refreshes
+        recency only; by default it is an access, as it was before the flag existed."""
+        self.access_many(blocks)
+
     # ---- request-scoped uses (BlocksAccessed.scope, BlockAllocated.scope) ----------------
     # A scope is ``(client, name)``: a request of one client. A policy with a recency order
     # may rank such uses with the scope (policies/lru.py does, as vLLM's LRU ranks a running

@@ -57,8 +57,8 @@ static const msgdef M_INTENT = {
 static const msgdef M_ALLOCATED = {4, 0, 0, {F_NONE, F_MSG, F_STR, F_VARINT, F_STR}, {NULL, &M_INTENT, NULL, NULL, NULL}};
 /* BlocksAccessed: 1 block_ids (repeated), 2 next_use_us, 3 scope, 4 token_positions (packed;
  * the unpacked form, which protobuf also reads, is refused: the reference reader reads it),
- * 5 ends_scope */
-static const msgdef M_ACCESSED = {5, 0, 0, {F_NONE, F_RSTR, F_VARINT, F_STR, F_PACKED, F_STR}, {0}};
+ * 5 ends_scope, 6 refresh_only */
+static const msgdef M_ACCESSED = {6, 0, 0, {F_NONE, F_RSTR, F_VARINT, F_STR, F_PACKED, F_STR, F_VARINT}, {0}};
 static const msgdef M_UPDATED = {
     12, 0, 0,
     /* 1 block_id, 2 phase, 3 priority, 4 deadline_us, 5 slack_us, 6 pin_requested,
@@ -500,7 +500,7 @@ static PyObject *u64_list(const slot_t *slot) {
 }
 
 static PyObject *accessed(PyObject *kind, PyObject *ts, const slot_t *msg, PyObject *blocks) {
-    slot_t a[6];
+    slot_t a[7];
     fill(&M_ACCESSED, msg->s, msg->s + msg->n, a);
     PyObject *found = NULL, *ids = NULL;
     if (resolve(blocks, msg->s, msg->s + msg->n, 1, a[1].n, &found, &ids)) {
@@ -508,8 +508,8 @@ static PyObject *accessed(PyObject *kind, PyObject *ts, const slot_t *msg, PyObj
         Py_DECREF(ts);
         return NULL;
     }
-    PyObject *items[] = {kind, ts, opt(i64_of, &a[2]), found, ids, str_of(&a[3]), u64_list(&a[4]), str_of(&a[5])};
-    return pack(8, items);
+    PyObject *items[] = {kind, ts, opt(i64_of, &a[2]), found, ids, str_of(&a[3]), u64_list(&a[4]), str_of(&a[5]), bool_of(&a[6])};
+    return pack(9, items);
 }
 
 static PyObject *named_blocks(PyObject *kind, PyObject *ts, const slot_t *msg, const msgdef *m, PyObject *blocks) {

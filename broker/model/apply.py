@@ -72,6 +72,7 @@ from broker.model.wire import (
     UPDATED,
     X_ENDS_SCOPE,
     X_POSITIONS,
+    X_REFRESH_ONLY,
     X_SCOPE,
     BatchReader,
     read_batch,
@@ -427,7 +428,8 @@ def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: 
         raise EventError("accessed.next_use_us", f"must be >= 0, got {next_use}")
     scope: str = ev[X_SCOPE]
     ends: str = ev[X_ENDS_SCOPE]
-    if not scope and not ends:
+    refresh: bool = ev[X_REFRESH_ONLY]
+    if not scope and not ends and not refresh:
         blocks = _blocks(core, ev[3], ev[4], "accessed.block_ids")
         if ev[X_POSITIONS]:
             raise EventError("accessed.token_positions", "only with a scope")
@@ -437,10 +439,14 @@ def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: 
             _at(core, ts_us, received, tenant)
         core.access(blocks, next_use)
         return
-    # A request-scoped use, or a scope's end: block_ids may be empty.
+    # A request-scoped use, a refresh, or a scope's end (then block_ids may be empty).
     found: list[Block] | None = ev[3]
     ids: list[str] | None = ev[4]
-    blocks = _blocks(core, found, ids, "accessed.block_ids") if found is not None or ids else []
+    blocks = _blocks(core, found, ids, "accessed.block_ids") if found is not None or ids or not (scope or ends) else []
+    if refresh and scope:
+        raise EventError("accessed.refresh_only", "not with a scope (a scoped use ranks the blocks)")
+    if refresh and next_use is not None:
+        raise EventError("accessed.refresh_only", "not with next_use_us (a refresh is not a step's read)")
     if tenant:
         _own(blocks, tenant, "accessed.block_ids")
     at: list[int] = ev[X_POSITIONS]
@@ -453,6 +459,8 @@ def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: 
     if scope:
         positions = {block.block_id: position for block, position in zip(blocks, at, strict=True)}
         core.access(blocks, next_use, (client, scope), positions)
+    elif refresh:
+        core.refresh(blocks)
     elif blocks:
         core.access(blocks, next_use)
     if ends:

@@ -838,6 +838,22 @@ class Core:
             self._unindex_owner(block.owner)
             block.heap_version += 1
 
+    def refresh(self, blocks: list[Block]) -> None:
+        """Blocks used but not read (``BlocksAccessed.refresh_only``): the policy of each
+        one's tier refreshes it (a pinned or dropped block is in no policy). Not an access:
+        nothing is counted, nothing moves between tiers."""
+        hot: list[Block] = []
+        for block in blocks:
+            t = block.tier
+            if t == DROPPED or block.pinned:
+                continue
+            if t == 0:
+                hot.append(block)
+            else:
+                self.tiers[t].policy.refresh([block])
+        if hot:
+            self.tiers[0].policy.refresh(hot)
+
     def place_scoped(self, block_id: str, scope: tuple[str, str], position: int) -> None:
         """A scoped allocation (``BlockAllocated.scope``): the block, if its top tier's policy
         holds it, ranks with the scope at ``position``."""

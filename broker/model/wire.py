@@ -26,8 +26,8 @@ Tuple layouts (index: field), by kind (the number of the ``Event.kind`` field):
   from index ``A_BLOCK_ID`` on, in the ``A_*`` order below; an unset ``optional`` is None,
   ``allowed_tiers`` a tuple of names; then ``scope`` (index ``A_SCOPE``)
 - ``accessed``: ``(ACCESSED, ts_us, next_use_us or None, blocks, ids, scope, token_positions,
-  ends_scope)``: ``scope`` and ``ends_scope`` strings ("" unset), ``token_positions`` a list
-  of ints
+  ends_scope, refresh_only)``: ``scope`` and ``ends_scope`` strings ("" unset),
+  ``token_positions`` a list of ints, ``refresh_only`` a bool
 - ``released``, ``freed``: ``(kind, ts_us, blocks, ids)``. ``blocks`` is the list of the
   named blocks when every id is known and there is at least one, and ``ids`` is None;
   otherwise ``blocks`` is None and ``ids`` the list of ids, so that the caller can name
@@ -111,6 +111,7 @@ A_SCOPE: Final = 28
 X_SCOPE: Final = 5
 X_POSITIONS: Final = 6
 X_ENDS_SCOPE: Final = 7
+X_REFRESH_ONLY: Final = 8
 
 # intent_updated: (UPDATED, ts_us, block_id, then the optional changes)
 U_BLOCK_ID: Final = 2
@@ -203,6 +204,7 @@ def event_tuple(event: pb.Event, blocks: dict[str, Any] | None) -> tuple[Any, ..
             accessed.scope,
             list(accessed.token_positions),
             accessed.ends_scope,
+            accessed.refresh_only,
         )
     if kind == "intent_updated":
         u = event.intent_updated

@@ -183,9 +183,15 @@ def scoped_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes, p
     return event(ts, _ACCESSED, body)
 
 
-def ending_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes) -> bytes:
-    """A plain ``accessed`` after which the scope ends (``ends_scope``)."""
-    return event(ts, _ACCESSED, b"".join(id_fields) + b"\x2a" + scope_field[1:])
+def ending_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes, *, refresh_only: bool = False) -> bytes:
+    """A plain ``accessed`` after which the scope ends (``ends_scope``; none when
+    ``scope_field`` is empty); ``refresh_only``: the blocks were used, not read."""
+    body = b"".join(id_fields)
+    if refresh_only:
+        body += b"\x30\x01"  # 6 refresh_only
+    if scope_field:
+        body += b"\x2a" + scope_field[1:]  # 5 ends_scope
+    return event(ts, _ACCESSED, body)
 
 
 def updated(ts: bytes, id_bytes: bytes, changes: bytes) -> bytes:

@@ -11,9 +11,11 @@ vLLM calls                        kvbroker events
 ``touch(keys, req)``              ``accessed`` of the resident keys, last first (vLLM's touch makes
                                   the first key the most recent)
 ``on_request_finished(groups)``   ``accessed`` of the request's resident keys in prefix order, tail
-                                  first, then the request's scope ends (``ends_scope``); a hinted
-                                  request also sends ``intent_updated`` for each (its intent
-                                  reaches chunks it reused)
+                                  first: the ``reused_keys`` as reads, the others
+                                  ``refresh_only`` (used, not read), a run of each kind per
+                                  event; the last ends the request's scope (``ends_scope``); a
+                                  hinted request also sends ``intent_updated`` for each (its
+                                  intent reaches chunks it reused)
 ``remove(key)``                   ``freed``
 ``evict(n, protected)``           ``eviction_requested`` (count n; protected: vLLM's ``protected``
                                   plus every chunk vLLM holds non-evictable), then ``freed`` of the
@@ -306,7 +308,36 @@ class Translator:
         reused_keys: set[Any],
         req_context: Any,
     ) -> None:
-        self._access(prefix_order(key_groups, req_context), req_context, ends_scope=True)
+        """The request is done with its chunks: every resident one, tail first (vLLM's LRU
+        makes the head the most recent). The chunks it loaded (``reused_keys``) go as reads,
+        the rest (stored, or kept from before) as refreshes: used, not read, so a policy
+        that counts reuse (arc) does not count them, and recency is vLLM LRU's exactly
+        (each run of one kind is one event, in order). Then the request's scope ends."""
+        entries = self.entries
+        runs: list[tuple[bool, list[bytes]]] = []
+        for key in reversed(prefix_order(key_groups, req_context)):
+            entry = entries.get(key)
+            if entry is None:
+                continue
+            read = key in reused_keys
+            if runs and runs[-1][0] == read:
+                runs[-1][1].append(entry[2])
+            else:
+                runs.append((read, [entry[2]]))
+        intent = self.request_intent(req_context)
+        if not runs and not intent.scope_field:
+            return
+        ts = self.timestamp()
+        if intent.update_rest:
+            for run in runs:
+                for field in dict.fromkeys(run[1]):
+                    self.record(events.updated(ts, field, intent.update_rest))
+        if not runs:
+            self.record(events.ending_accessed(ts, (), intent.scope_field))
+            return
+        last = len(runs) - 1
+        for i, (read, fields) in enumerate(runs):
+            self.record(events.ending_accessed(ts, fields, intent.scope_field if i == last else b"", refresh_only=not read))
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
         """The request's chunks are used while it runs: a scoped access (the request id as
@@ -329,24 +360,19 @@ class Translator:
                 self.record(events.updated(ts, field, intent.update_rest))
         self.record(events.scoped_accessed(ts, fields, intent.scope_field, [at for at, _ in placed]))
 
-    def _access(self, keys: list[Any], req_context: Any, *, ends_scope: bool = False) -> None:
+    def _access(self, keys: list[Any], req_context: Any) -> None:
         """An access of ``keys`` (head first): the last is read first, so the first ends
-        the most recent, as in vLLM's own touch. ``ends_scope``: the request's scope ends
-        with it (its finish)."""
+        the most recent, as in vLLM's own touch."""
         entries = self.entries
         fields = [entry[2] for key in reversed(keys) if (entry := entries.get(key)) is not None]
-        intent = self.request_intent(req_context)
-        ending = ends_scope and intent.scope_field
-        if not fields and not ending:
+        if not fields:
             return
         ts = self.timestamp()
+        intent = self.request_intent(req_context)
         if intent.update_rest:
             for field in dict.fromkeys(fields):
                 self.record(events.updated(ts, field, intent.update_rest))
-        if ending:
-            self.record(events.ending_accessed(ts, fields, intent.scope_field))
-        else:
-            self.record(events.accessed(ts, fields))
+        self.record(events.accessed(ts, fields))
 
     def mark_evictable(self, key: Any) -> None:
         self.held.discard(key)

@@ -111,18 +111,20 @@ class BlockAllocated(_message.Message):
     def __init__(self, intent: _Optional[_Union[MemoryIntent, _Mapping]] = ..., tier: _Optional[str] = ..., reuse: _Optional[bool] = ..., scope: _Optional[str] = ...) -> None: ...
 
 class BlocksAccessed(_message.Message):
-    __slots__ = ("block_ids", "next_use_us", "scope", "token_positions", "ends_scope")
+    __slots__ = ("block_ids", "next_use_us", "scope", "token_positions", "ends_scope", "refresh_only")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NEXT_USE_US_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     ENDS_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    REFRESH_ONLY_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[str]
     next_use_us: int
     scope: str
     token_positions: _containers.RepeatedScalarFieldContainer[int]
     ends_scope: str
-    def __init__(self, block_ids: _Optional[_Iterable[str]] = ..., next_use_us: _Optional[int] = ..., scope: _Optional[str] = ..., token_positions: _Optional[_Iterable[int]] = ..., ends_scope: _Optional[str] = ...) -> None: ...
+    refresh_only: bool
+    def __init__(self, block_ids: _Optional[_Iterable[str]] = ..., next_use_us: _Optional[int] = ..., scope: _Optional[str] = ..., token_positions: _Optional[_Iterable[int]] = ..., ends_scope: _Optional[str] = ..., refresh_only: _Optional[bool] = ...) -> None: ...
 
 class IntentUpdated(_message.Message):
     __slots__ = ("block_id", "phase", "priority", "deadline_us", "slack_us", "pin_requested", "is_committed", "is_draft", "recompute_cost_us", "clear_deadline", "expected_reuse_window_tokens", "request_priority")

@@ -63,14 +63,16 @@ eviction_event = st.builds(
 # Request-scoped uses: a scope, positions (any uint64), a scope's end, a scoped allocation.
 scoped_event = st.one_of(
     st.builds(
-        lambda t, ids, scope, at, ends: pb.Event(
-            ts_us=t, accessed=pb.BlocksAccessed(block_ids=ids, scope=scope, token_positions=at, ends_scope=ends)
+        lambda t, ids, scope, at, ends, refresh: pb.Event(
+            ts_us=t,
+            accessed=pb.BlocksAccessed(block_ids=ids, scope=scope, token_positions=at, ends_scope=ends, refresh_only=refresh),
         ),
         st.integers(0, 2**63 - 1),
         st.lists(st.sampled_from(["a", "b", "zz", "ü"]), max_size=4),
         st.sampled_from(["", "r1", "ünï"]),
         st.lists(st.one_of(st.integers(0, 2**20), st.just(2**64 - 1)), max_size=4),
         st.sampled_from(["", "r1", "r2"]),
+        st.booleans(),
     ),
     st.builds(
         lambda t, scope, start: pb.Event(
@@ -151,7 +153,7 @@ def test_token_positions_unpacked_are_refused_natively_and_read_by_the_reference
     packed = ld(1, b"a") + ld(3, b"r1") + ld(4, bytes([7]) + bytes([0xAC, 0x02])) + ld(5, b"r0")
     raw = ld(1, b"c1") + vi(2, 1) + ld(3, event_bytes(7, 3, packed))
     (event,) = list(wire.native.BatchReader(raw).events())
-    assert event[wire.X_SCOPE :] == ("r1", [7, 300], "r0")
+    assert event[wire.X_SCOPE :] == ("r1", [7, 300], "r0", False)
 
 
 def test_a_merged_encoding_is_refused_natively_and_read_by_the_reference() -> None:
@@ -232,9 +234,9 @@ def test_block_ids_are_looked_up_as_each_event_is_read() -> None:
     )
     blocks: dict[str, Any] = {"a": BLOCKS["a"]}
     events = wire.native.BatchReader(batch.SerializeToString()).events(blocks)
-    assert next(events) == (wire.ACCESSED, 1, None, None, ["a", "new"], "", [], "")  # "new" unknown: the ids, to name it
+    assert next(events) == (wire.ACCESSED, 1, None, None, ["a", "new"], "", [], "", False)  # "new" unknown: the ids, to name it
     blocks["new"] = marker = object()
-    assert next(events) == (wire.ACCESSED, 2, 9, [BLOCKS["a"], marker], None, "", [], "")
+    assert next(events) == (wire.ACCESSED, 2, 9, [BLOCKS["a"], marker], None, "", [], "", False)
     assert next(events, None) is None
 
 

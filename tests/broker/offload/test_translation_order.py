@@ -58,7 +58,7 @@ def parse(raw: bytes) -> tuple[str, list[str]]:
         return kind, [ev.allocated.intent.block_id]
     if kind == "accessed":
         a = ev.accessed
-        name = kind + (f" scope {a.scope} at {list(a.token_positions)}" if a.scope else "")
+        name = kind + (f" scope {a.scope} at {list(a.token_positions)}" if a.scope else "") + (" refresh" if a.refresh_only else "")
         return name + (f" ends {a.ends_scope}" if a.ends_scope else ""), list(a.block_ids)
     if kind == "allocated" and ev.allocated.scope:
         return f"allocated scope {ev.allocated.scope} at {ev.allocated.intent.token_start}", [ev.allocated.intent.block_id]
@@ -123,10 +123,16 @@ def test_a_request_is_read_tail_first_at_its_first_access_and_at_its_finish() ->
     store(r, live, 4)
     assert r.take() == [("accessed", [2]), ("allocated scope live at 64", [4])]
     assert r.order() == [4, 3, 1, 2]
-    # Its finish: every resident key, sorted by position, tail first: the head ends newest;
-    # then the request's scope ends.
+    # Its finish: every resident key, sorted by position, tail first: the head ends newest.
+    # The keys it loaded (reused: 1, 3) are reads, the others refreshes, one event per run;
+    # the last ends the request's scope.
     r.t.on_request_finished([[k(3), k(1)], [k(4), k(2)]], {k(4)}, {k(1), k(3)}, live)
-    assert r.take() == [("accessed ends live", [4, 3, 2, 1])]
+    assert r.take() == [
+        ("accessed refresh", [4]),
+        ("accessed", [3]),
+        ("accessed refresh", [2]),
+        ("accessed ends live", [1]),
+    ]
     assert r.order() == [4, 3, 2, 1]
     # Keys at one position (two KV cache groups) share vLLM's rank and leave by key bytes:
     # the smaller is read first, so it stays the older.
@@ -138,7 +144,10 @@ def test_a_request_is_read_tail_first_at_its_first_access_and_at_its_finish() ->
     # Without every key's position, the groups' keys as given, the last first.
     partial = request("partial", {1: 16})
     r.t.on_request_finished([[k(2), k(1)], [k(3)]], set(), set(), partial)
-    assert r.take() == [("accessed ends partial", [3, 1, 2])]
+    assert r.take() == [("accessed refresh ends partial", [3, 1, 2])]
+    # A finish with nothing resident still ends the scope.
+    r.t.on_request_finished([[k(7)]], set(), set(), request("gone"))
+    assert r.take() == [("accessed ends gone", [])]
 
 
 @pytest.mark.parametrize("held", [False, True])
