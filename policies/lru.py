@@ -11,6 +11,7 @@ the plain move-to-end LRU, with no extra cost per use.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -109,31 +110,7 @@ class LRUPolicy(Policy):
     def choose_victims(self, bytes_needed: int, protected: AbstractSet[str]) -> list[Block] | None:
         if self._slots == 0:
             return take_until(self._order.values(), bytes_needed, protected)
-        # Written out rather than take_until over a generator (one call per block).
-        victims: list[Block] = []
-        got = 0
-        if bytes_needed <= 0:
-            return victims
-        for value in self._order.values():
-            if isinstance(value, RankedScope):
-                entries = value.entries
-                for i in range(len(entries) - 1, -1, -1):
-                    block = entries[i][2]
-                    if block.block_id in protected:
-                        continue
-                    victims.append(block)
-                    got += block.size
-                    if got >= bytes_needed:
-                        return victims
-            else:
-                block = value
-                if block.block_id in protected:
-                    continue
-                victims.append(block)
-                got += block.size
-                if got >= bytes_needed:
-                    return victims
-        return None
+        return take_until(self._ranked(), bytes_needed, protected)
 
     def __len__(self) -> int:
         return len(self._order) - self._slots + len(self._member)
@@ -225,6 +202,15 @@ class LRUPolicy(Policy):
         self._member[block_id] = (ranked, neg)
         if self._ticks:
             self._ticks.pop(block_id, None)
+
+    def _ranked(self) -> Iterator[Block]:
+        """Every block, lowest rank first: plain blocks, and each scope's blocks in place."""
+        for value in self._order.values():
+            if isinstance(value, RankedScope):
+                for entry in reversed(value.entries):
+                    yield entry[2]
+            else:
+                yield value
 
     def _leave(self, ranked: RankedScope, neg: int, block_id: str) -> None:
         entries = ranked.entries
