@@ -6,7 +6,7 @@ here imports them. ``errors`` (ConfigError, sizes) is below the sections (``heal
 into ``BrokerConfig``. The names below are the package's interface.
 """
 
-from broker.config.errors import SIZE_RE, SIZE_UNITS, ConfigError, parse_size
+from broker.config.errors import SIZE_RE, SIZE_UNITS, ConfigError, format_size, parse_size
 from broker.config.settings import (
     QUANT,
     BrokerConfig,
@@ -37,6 +37,7 @@ __all__ = [
     "config_to_toml",
     "core_from_json",
     "core_to_json",
+    "format_size",
     "load_config",
     "parse_config",
     "parse_size",

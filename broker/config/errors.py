@@ -30,6 +30,17 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and the reason."""
 
 
+def format_size(size: int) -> str:
+    """A capacity as a person reads it, in the largest binary unit it fills at least once
+    ("878B", "512.00MiB", "4.00GiB"); ``parse_size`` reads it back (to the rounding)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{size}B" if unit == "B" else f"{value:.2f}{unit}"
+        value /= 1024
+    return f"{value:.2f}TiB"
+
+
 def parse_size(value: Any, key: str) -> int:
     """Bytes from an int or a string such as "16GiB", "512MB", "4096"."""
     if isinstance(value, bool):

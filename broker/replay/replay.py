@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from broker.config import ConfigError, CoreConfig, core_from_json, with_policy
+from broker.config import ConfigError, CoreConfig, core_from_json, format_size, with_policy
 from broker.journal import JournalSource
 from broker.journal.records import JournalRecord, RecordKind
 from broker.model.apply import apply_batch
@@ -364,4 +364,4 @@ def _capacity_label(rec: dict[str, Any]) -> str:
     first = next(iter(rec["capacity_bytes"]))
     if tokens:
         return f"{first}={tokens[first]:,}tok"
-    return f"{first}={rec['capacity_bytes'][first] / 2**30:.2f}GiB"
+    return f"{first}={format_size(rec['capacity_bytes'][first])}"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig
+from broker.config import SIZE_RE, SIZE_UNITS, ConfigError, CoreConfig, TierConfig, format_size
 from broker.journal import JournalSource
 from broker.journal.redis_stream import redact
 from broker.journal.redis_urls import is_redis_url, sync_client
@@ -224,4 +224,4 @@ def job_label(job: Job) -> str:
 
 def _caps(job: Job) -> str:
     suffix = " (intent stripped)" if job.source.ablate_intent else ""
-    return " ".join(f"{t.name}={t.capacity_bytes / 2**30:.2f}GiB" for t in job.config.tiers) + suffix
+    return " ".join(f"{t.name}={format_size(t.capacity_bytes)}" for t in job.config.tiers) + suffix

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import BrokerConfig, ConfigError, core_from_json, core_to_json, load_config, parse_config, parse_size
+from broker.config import BrokerConfig, ConfigError, core_from_json, core_to_json, format_size, load_config, parse_config, parse_size
 
 
 def test_defaults_have_hbm_dram_nvme_and_lru_with_a_file_journal() -> None:
@@ -55,3 +55,13 @@ def test_a_missing_file_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-u
 def test_core_config_round_trips_through_the_journal_json() -> None:
     core = parse_config('[policy]\nname = "priority_lru"\n[[tiers]]\nname = "x"\ncapacity = "1MiB"').core
     assert core_from_json(core_to_json(core)) == core
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(878, "878B"), (1023, "1023B"), (1024, "1.00KiB"), (512 * 2**20, "512.00MiB"), (4 * 2**30, "4.00GiB"), (3 * 2**40, "3.00TiB")],
+)
+def test_a_size_is_shown_in_the_largest_unit_it_fills_and_reads_back(size: int, text: str) -> None:
+    """A chunk-counted tier (vLLM's CPU tier: one byte a chunk) reads 878B, not 0.00GiB."""
+    assert format_size(size) == text
+    assert parse_size(text, "k") == size
