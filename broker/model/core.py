@@ -49,6 +49,11 @@ class EventError(Exception):
         self.reason = reason
         self.code = code
 
+    def __reduce__(self) -> tuple[type[EventError], tuple[str, str, str]]:
+        # Pickled by its fields (a replay worker's error crosses to the parent process);
+        # Exception's default would call __init__ with the one formatted message.
+        return (EventError, (self.field, self.reason, self.code))
+
 
 # Copyable when compiled (a shadow starts from a copy of the core): see policies.base.Block.
 # A plain class, not a dataclass: compiled, a dataclass's generated __init__ stays

@@ -362,3 +362,19 @@ def test_request_blocks_follow_allocations_frees_and_prefix_reuse_across_request
         assert set(d.core.by_request) == {r for r, ids in live.items() if ids}
         for r, entry in d.core.by_request.items():
             assert entry.live == len(live[r]) and len(entry.ids) <= 2 * entry.live
+
+
+def test_an_event_error_survives_pickling_with_its_field_reason_and_code() -> None:
+    """A replay worker's error reaches the parent process whole (compiled or not)."""
+    import pickle
+
+    from broker.model.core import EventError
+
+    back = pickle.loads(pickle.dumps(EventError("accessed.block_ids[0]", "unknown block 'x'", "FAILED_PRECONDITION")))
+    assert isinstance(back, EventError)
+    assert (back.field, back.reason, back.code, str(back)) == (
+        "accessed.block_ids[0]",
+        "unknown block 'x'",
+        "FAILED_PRECONDITION",
+        "accessed.block_ids[0]: unknown block 'x'",
+    )
