@@ -46,6 +46,7 @@ from clients.broker_client import (
     released_event,
     updated_event,
 )
+from clients.loop_thread import run_loop
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -117,16 +118,7 @@ class SyncBrokerClient:
     # ---- the client thread ---------------------------------------------------------------
 
     def _thread_main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._main())
-        except Exception:
-            log.exception("client %s: its thread failed", self.client_id)
-        finally:
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
-            self._ready.set()
+        run_loop(self._loop, self._main, self._ready, f"client {self.client_id}", log)
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from clients.broker_client import BrokerClient, BrokerError, ClientSecurity, WhenFull
+from clients.loop_thread import run_loop
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -243,16 +244,7 @@ class BrokerLink:
     # ---- the link's thread -----------------------------------------------------------------
 
     def _thread_main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._main())
-        except Exception:
-            log.exception("link %s: its thread failed", self.client_id)
-        finally:
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
-            self._ready.set()
+        run_loop(self._loop, self._main, self._ready, f"link {self.client_id}", log)
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
