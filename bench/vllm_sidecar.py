@@ -42,27 +42,7 @@ from broker.offload.latency import LatencyHistogram  # noqa: E402
 from broker.offload.settings import load_settings  # noqa: E402
 from broker.offload.sidecar import REASONS, SidecarDecider, make_decider  # noqa: E402
 from broker.offload.translate import Translator  # noqa: E402
-
-
-class Chunk:
-    def __init__(self) -> None:
-        self.ref_cnt = 0
-
-
-class Request:
-    def __init__(self, req_id: str) -> None:
-        self.req_id = req_id
-        self.kv_hints = None
-        self._state: dict[type, Any] = {}
-
-    def get_state(self, kind: type) -> Any:
-        return self._state.get(kind)
-
-    def set_state(self, state: Any) -> None:
-        self._state[type(state)] = state
-
-    def get_offload_key_position(self, key: Any) -> int | None:
-        return None
+from tests.broker.offload.fakes import Chunk, Ctx  # noqa: E402
 
 
 def start_broker(workdir: Path, policy: str, chunks: int, port: int = 0) -> tuple[subprocess.Popen[str], int]:
@@ -95,7 +75,7 @@ class Driver:
         n = i % (self.chunks // 10) if i % 3 else (i * 7919) % (4 * self.chunks)
         key = n.to_bytes(8, "big")
         translator = self.translator
-        request = Request(f"r{i}")
+        request = Ctx(f"r{i}")
         if translator.get(key) is not None:
             started = time.perf_counter()
             translator.touch([key], request)
@@ -107,7 +87,7 @@ class Driver:
             self.evicts.record(time.perf_counter() - started)
             assert victims is not None and len(victims) == 1
         started = time.perf_counter()
-        translator.insert(key, Chunk(), request)
+        translator.insert(key, Chunk(0), request)
         self.others.record(time.perf_counter() - started)
 
     def phase(self, name: str, stores: int, rows: list[dict[str, Any]]) -> None:

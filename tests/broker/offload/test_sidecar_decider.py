@@ -36,6 +36,7 @@ from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
+from tests.broker.offload.fakes import Chunk, Ctx
 from tests.broker.offload.test_sidecar_link import ROOT, start_broker, stop
 from tests.redis_server import free_port
 
@@ -59,31 +60,6 @@ def broker_config(policy: str) -> str:
     return f'[policy]\nname = "{policy}"\n{tiers}'
 
 
-class Chunk:
-    """vLLM's ChunkStatus, as the translator sees it."""
-
-    def __init__(self) -> None:
-        self.ref_cnt = 0
-
-
-class Request:
-    """vLLM's ReqContext, as the translator sees it."""
-
-    def __init__(self, req_id: str) -> None:
-        self.req_id = req_id
-        self.kv_hints = None
-        self._state: dict[type, Any] = {}
-
-    def get_state(self, kind: type) -> Any:
-        return self._state.get(kind)
-
-    def set_state(self, state: Any) -> None:
-        self._state[type(state)] = state
-
-    def get_offload_key_position(self, key: Any) -> int | None:
-        return None
-
-
 class Engine:
     """Stores and touches as vLLM's manager does: a store into a full tier evicts first."""
 
@@ -94,7 +70,7 @@ class Engine:
 
     def store(self, i: int) -> None:
         key = key_of(i)
-        request = Request(f"r{i}")
+        request = Ctx(f"r{i}")
         if self.translator.get(key) is not None:
             self.translator.touch([key], request)
             return
@@ -104,7 +80,7 @@ class Engine:
             self.evict_times.append(time.perf_counter() - started)
             assert victims is not None and len(victims) == 1
             self.victims.append([k for k, _ in victims])
-        self.translator.insert(key, Chunk(), request)
+        self.translator.insert(key, Chunk(0), request)
 
 
 def key_of(i: int) -> bytes:
@@ -269,13 +245,13 @@ def test_a_hung_broker_costs_the_bound_then_its_late_answers_are_put_right(tmp_p
         key = i.to_bytes(8, "big")
         if order:
             oldest = next(k for k in order if translator.get(k) is not None)
-            translator.touch([oldest], Request(f"t{i}"))
+            translator.touch([oldest], Ctx(f"t{i}"))
         if len(translator.entries) >= CHUNKS:
             started = time.perf_counter()
             victims = translator.evict(1, {key})
             engine.evict_times.append(time.perf_counter() - started)
             assert victims is not None and len(victims) == 1
-        translator.insert(key, Chunk(), Request(f"r{i}"))
+        translator.insert(key, Chunk(0), Ctx(f"r{i}"))
         order.append(key)
 
     try:
