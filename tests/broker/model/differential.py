@@ -2,7 +2,8 @@
 
 ``outcome(policy, seed)`` applies a seeded random stream of IntentBatches (allocations with
 parents, deadlines, priorities and prefix reuse, accesses, intent updates, releases, frees,
-acks of past and made-up directives, clears, duplicates and out-of-order batches) to a
+request-scoped uses, refreshes and scope ends, acks of past and made-up directives, clears,
+duplicates and out-of-order batches) to a
 core on small tiers, so that evictions, demotions and prefetches happen, and returns
 everything the core decided: each batch's directives and rejections, then the residency of
 every block and the metrics. Run as a module with ``--pure``, it first makes Python import
@@ -123,14 +124,25 @@ def random_batches(seed: int, batches: int = 60, per_batch: int = 12) -> list[by
                 if rng.random() < 0.03:
                     intent.pin_requested = True
                 tier = rng.choice(("",) * 12 + ("dram", "dram", "nvme", "tape"))
-                events.append(pb.Event(ts_us=ts, allocated=pb.BlockAllocated(intent=intent, tier=tier, reuse=rng.random() < 0.2)))
+                scope = request if rng.random() < 0.3 else ""  # a request-scoped allocation
+                allocated = pb.BlockAllocated(intent=intent, tier=tier, reuse=rng.random() < 0.2, scope=scope)
+                events.append(pb.Event(ts_us=ts, allocated=allocated))
                 if client == "c0" and block_id not in live:
                     live.append(block_id)
             elif roll < 0.6:
                 ids = rng.sample(live, min(len(live), rng.randint(1, 6)))
                 if rng.random() < 0.05:
                     ids.append("never-allocated")
-                events.append(pb.Event(ts_us=ts, accessed=pb.BlocksAccessed(block_ids=ids)))
+                accessed = pb.BlocksAccessed(block_ids=ids)
+                kind = rng.random()
+                if kind < 0.3:  # request-scoped, with token positions
+                    accessed.scope = f"r{rng.randint(0, 12)}"
+                    accessed.token_positions.extend(rng.randint(0, 64) * 16 for _ in ids)
+                elif kind < 0.4:  # a refresh (used, not read)
+                    accessed.refresh_only = True
+                if rng.random() < 0.1:
+                    accessed.ends_scope = f"r{rng.randint(0, 12)}"
+                events.append(pb.Event(ts_us=ts, accessed=accessed))
             elif roll < 0.72:
                 update = pb.IntentUpdated(block_id=rng.choice(live))
                 if rng.random() < 0.5:
