@@ -395,24 +395,26 @@ class Policy(ABC):
         self.access_many(blocks)
 
     # ---- request-scoped uses (BlocksAccessed.scope, BlockAllocated.scope) ----------------
-    # A scope is ``(client, name)``: a request of one client. A policy with a recency order
-    # may rank such uses with the scope (policies/lru.py does, as vLLM's LRU ranks a running
-    # request's chunks); by default a scoped access is a plain access and the rest is a no-op.
+    # The core keeps the open scopes (a request of one client each) and gives each a rank:
+    # the index of the event that opened it (``clock.event_index``), so ranks order with
+    # the events. A policy with a recency order may rank scoped uses with the scope
+    # (policies/lru.py does, as vLLM's LRU ranks a running request's chunks); by default a
+    # scoped access is a plain access and the rest is a no-op.
 
-    def access_scoped(self, blocks: list[Block], scope: tuple[str, str], positions: dict[str, int]) -> None:
-        """A request-scoped use of ``blocks`` (top-tier hits, their accesses counted; maybe
-        none: the scope then only takes its rank), at token ``positions[block_id]``."""
+    def scope_opened(self, rank: int) -> None:
+        """A scope opened at this event (every tier's policy hears of it, in rank order)."""
+
+    def access_scoped(self, blocks: list[Block], rank: int, positions: dict[str, int]) -> None:
+        """A request-scoped use of ``blocks`` (in this tier, their accesses counted), at token
+        ``positions[block_id]``, for the scope of ``rank``."""
         self.access_many(blocks)
 
-    def place_scoped(self, block: Block, scope: tuple[str, str], position: int) -> None:
+    def place_scoped(self, block: Block, rank: int, position: int) -> None:
         """``block``, just inserted (or taken again) by a scoped allocation, ranks with the
-        scope at token ``position``. Default: it stays where the insert put it."""
+        scope of ``rank`` at token ``position``. Default: it stays where the insert put it."""
 
-    def end_scope(self, scope: tuple[str, str]) -> None:
-        """The scope ended (``BlocksAccessed.ends_scope``): its rank is forgotten."""
-
-    def clear_scopes(self, client: str) -> None:
-        """The client cleared: every scope of its ends."""
+    def scope_ended(self, rank: int) -> None:
+        """The scope of ``rank`` ended (``ends_scope``, a clear): its rank is forgotten."""
 
     def update(self, block: Block) -> None:
         """Intent changed; policies that ignore intent keep their order."""

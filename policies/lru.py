@@ -19,11 +19,6 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import Block, Policy, PolicyContext, take_until
 
-# Open scopes kept at most (a client that never ends its scopes must not grow the order
-# without bound): past it, the oldest open scope ends. An engine has far fewer requests
-# running at once (vLLM's max_num_seqs is at most a few thousand).
-MAX_OPEN_SCOPES = 65_536
-
 
 class RankedScope:
     """A scope's place in the recency order, and the blocks ranked there.
@@ -51,11 +46,12 @@ class LRUPolicy(Policy):
     Structure: one OrderedDict, oldest first. OrderedDict is a C-implemented doubly linked
     list plus a hash: insert, move-to-end and delete are O(1) with no scan.
 
-    A request scope sits in that order as one slot (a ``RankedScope`` key), at the place of
-    its first use; its blocks are a sorted list there (a scoped use is O(log n) to find its
-    place plus a list insert). Deciding whether a scoped use raises a block needs the rank
-    of its last plain use: once a scope has been seen, each plain use is numbered (a tick);
-    a block with no number was last used before any scope began, so it ranks below all.
+    A request scope sits in that order as one slot (a ``RankedScope`` key), put there when
+    the core opens it; its blocks are a sorted list there (a scoped use is a binary search
+    plus a list insert). Deciding whether a scoped use raises a block needs when it was last
+    used plainly: once a scope has opened, each plain use records the event's index (the
+    clock the core ranks scopes by); a block with none was last used before any scope
+    opened, so it ranks below all.
     """
 
     name = "lru"
@@ -65,12 +61,12 @@ class LRUPolicy(Policy):
         super().__init__(ctx, params)
         # block id -> Block (a plain use), or RankedScope -> itself (a scope's slot)
         self._order: OrderedDict[Any, Any] = OrderedDict()
-        # Request scopes: the open ones by (client, request), and the scope each scoped
-        # block ranks with (with its -position). All empty until a scoped use arrives.
-        self._scopes: dict[tuple[str, str], RankedScope] = {}
+        # Request scopes: the open ones by rank, and the scope each scoped block ranks with
+        # (with its -position). All empty until the core opens a scope.
+        self._scopes: dict[int, RankedScope] = {}
         self._member: dict[str, tuple[RankedScope, int]] = {}
         self._ticks: dict[str, int] = {}
-        self._tick = 0
+        self._clock = ctx.clock
         self._scoped = False
         self._slots = 0  # RankedScope slots in _order
 
@@ -78,8 +74,7 @@ class LRUPolicy(Policy):
         block_id = block.block_id
         self._order[block_id] = block
         if self._scoped:
-            self._tick += 1
-            self._ticks[block_id] = self._tick
+            self._ticks[block_id] = self._clock.event_index
 
     def access(self, block: Block) -> None:
         if self._scoped:
@@ -120,8 +115,11 @@ class LRUPolicy(Policy):
 
     # ---- request scopes -------------------------------------------------------------------
 
-    def access_scoped(self, blocks: list[Block], scope: tuple[str, str], positions: dict[str, int]) -> None:
-        ranked = self._open(scope)
+    def scope_opened(self, rank: int) -> None:
+        self._open(rank)
+
+    def access_scoped(self, blocks: list[Block], rank: int, positions: dict[str, int]) -> None:
+        ranked = self._open(rank)
         member = self._member
         for block in blocks:
             block_id = block.block_id
@@ -136,13 +134,13 @@ class LRUPolicy(Policy):
                 del member[block_id]
                 self._leave(held, held_neg, block_id)
             else:
-                if self._ticks.get(block_id, 0) > ranked.tick:
-                    continue  # used since the scope began: already above it
+                if self._ticks.get(block_id, -1) >= ranked.tick:
+                    continue  # used since the scope opened: already above it
                 del self._order[block_id]
             self._join(ranked, neg, block)
 
-    def place_scoped(self, block: Block, scope: tuple[str, str], position: int) -> None:
-        ranked = self._open(scope)
+    def place_scoped(self, block: Block, rank: int, position: int) -> None:
+        ranked = self._open(rank)
         block_id = block.block_id
         current = self._member.pop(block_id, None)
         if current is not None:
@@ -151,27 +149,22 @@ class LRUPolicy(Policy):
             del self._order[block_id]
         self._join(ranked, -position, block)
 
-    def end_scope(self, scope: tuple[str, str]) -> None:
-        ranked = self._scopes.pop(scope, None)
+    def scope_ended(self, rank: int) -> None:
+        ranked = self._scopes.pop(rank, None)
         if ranked is not None:
             ranked.open = False
             if not ranked.entries:
                 del self._order[ranked]
                 self._slots -= 1
 
-    def clear_scopes(self, client: str) -> None:
-        for scope in [s for s in self._scopes if s[0] == client]:
-            self.end_scope(scope)
-
-    def _open(self, scope: tuple[str, str]) -> RankedScope:
-        ranked = self._scopes.get(scope)
+    def _open(self, rank: int) -> RankedScope:
+        """The scope's slot; made at the newest end when the core opens it (or, after a
+        policy swap, at its first use here)."""
+        ranked = self._scopes.get(rank)
         if ranked is None:
-            if len(self._scopes) >= MAX_OPEN_SCOPES:
-                self.end_scope(next(iter(self._scopes)))
             self._scoped = True
-            self._tick += 1
-            ranked = RankedScope(self._tick)
-            self._scopes[scope] = ranked
+            ranked = RankedScope(rank)
+            self._scopes[rank] = ranked
             self._order[ranked] = ranked
             self._slots += 1
         return ranked
@@ -185,8 +178,7 @@ class LRUPolicy(Policy):
             self._order[block_id] = block
         else:
             self._order.move_to_end(block_id)
-        self._tick += 1
-        self._ticks[block_id] = self._tick
+        self._ticks[block_id] = self._clock.event_index
 
     def _join(self, ranked: RankedScope, neg: int, block: Block) -> None:
         block_id = block.block_id

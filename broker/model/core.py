@@ -38,6 +38,10 @@ class DirectiveKind(IntEnum):
 
 
 _KIND_NAMES: Final = {kind: kind.name.lower() for kind in DirectiveKind}
+# Open request scopes kept at most (a client that never ends its scopes must not grow the
+# policies' orders without bound): past it, the oldest open scope ends. An engine has far
+# fewer requests running at once (vLLM's max_num_seqs is at most a few thousand).
+MAX_OPEN_SCOPES: Final = 65_536
 
 
 class EventError(Exception):
@@ -213,6 +217,9 @@ class Core:
         self.by_request: dict[str, RequestBlocks] = {}
         self.by_owner: dict[str, OwnedBlocks] = {}
         self.client_seq: dict[str, int] = {}
+        # Open request scopes (BlocksAccessed.scope): (client, request) -> the scope's rank,
+        # the index of the event that opened it (every tier's policy learns of it then).
+        self.scopes: dict[tuple[str, str], int] = {}
         # limits.max_clock_skew_us: per tenant, the least (ts_us - received_us) of its events
         # that moved the clock; an event may run at most the skew ahead of its tenant's.
         self.time_anchor: dict[str, int] = {}
@@ -618,8 +625,10 @@ class Core:
         """A step read these blocks: each must be in its top allowed tier to be used.
         ``next_use_us``, when given, is their new deadline (the next step's time).
         ``scope`` (client, request) makes it a request-scoped use, at token ``positions``:
-        the top tier's plain hits go to its policy's ``access_scoped`` (even none: the scope
-        takes its rank); a block served from elsewhere is a plain use."""
+        a block already in its top allowed tier goes to its policy's ``access_scoped``; one
+        brought there (a reload, a recompute) is a plain use. No block: the scope only
+        takes its rank."""
+        rank = -1 if scope is None else self.open_scope(scope)
         stats = self.stats
         now = self.clock.now_us
         top = self.tiers[0].policy
@@ -632,6 +641,8 @@ class Core:
         # per event): 6.7% and 1.6% of ``apply_batch``'s instructions on the bench workload.
         many = self._access_many or scope is not None
         protected: set[str] | None = None
+        # Scoped uses of blocks outside the top tier (already in their top allowed tier).
+        elsewhere: list[Block] | None = None if scope is None else []
         # The hot path's counters, added to stats once per event (plain sums: nothing reads
         # them in between).
         hits = zero = dc_accesses = dc_misses = dl_accesses = dl_misses = 0
@@ -644,11 +655,11 @@ class Core:
                         if scope is None:
                             top.access_many(hot)
                         else:
-                            top.access_scoped(hot, scope, positions or {})
+                            top.access_scoped(hot, rank, positions or {})
                         hot.clear()
                     if protected is None:
                         protected = {b.block_id for b in blocks}
-                    self._touch(block, protected)
+                    self._touch(block, protected, elsewhere)
                     continue
                 # The hot path, a hit in the top tier: the same accounting as _touch, inlined.
                 block.accesses += 1
@@ -677,7 +688,11 @@ class Core:
                     if now + latency > (due if due > now else now) + self._slack(block):
                         dl_misses += 1
             if scope is not None:
-                top.access_scoped(hot, scope, positions or {})
+                if hot:
+                    top.access_scoped(hot, rank, positions or {})
+                if elsewhere:
+                    for block in elsewhere:
+                        self.tiers[block.tier].policy.access_scoped([block], rank, positions or {})
             elif hot:
                 top.access_many(hot)
         finally:
@@ -739,9 +754,11 @@ class Core:
         heapq.heappush(channels, end)
         return end
 
-    def _touch(self, block: Block, protected: AbstractSet[str]) -> None:
+    def _touch(self, block: Block, protected: AbstractSet[str], scoped: list[Block] | None = None) -> None:
         """One read of a block: count where it was served from, what it cost, and bring it
-        to its top allowed tier (the engine had to, to use it)."""
+        to its top allowed tier (the engine had to, to use it). ``scoped``: a request-scoped
+        read, so a block already in its top allowed tier is added there for the caller to
+        hand to its policy, instead of a plain access."""
         stats = self.stats
         now = self.clock.now_us
         block.accesses += 1
@@ -757,7 +774,10 @@ class Core:
             if critical and latency:
                 stats.dc_misses += 1  # in the top tier, but its copy is still in flight
             if not block.pinned:
-                self.tiers[src].policy.access(block)
+                if scoped is not None:
+                    scoped.append(block)
+                else:
+                    self.tiers[src].policy.access(block)
         else:
             if critical:
                 stats.dc_misses += 1
@@ -859,23 +879,43 @@ class Core:
         if hot:
             self.tiers[0].policy.refresh(hot)
 
-    def place_scoped(self, block_id: str, scope: tuple[str, str], position: int) -> None:
-        """A scoped allocation (``BlockAllocated.scope``): the block, if its top tier's policy
-        holds it, ranks with the scope at ``position``."""
-        block = self.blocks.get(block_id)
-        if block is not None and block.tier == 0:
-            top = self.tiers[0].policy
-            if block_id in top:
-                top.place_scoped(block, scope, position)
+    def open_scope(self, scope: tuple[str, str]) -> int:
+        """The rank of a request scope, opened now (at this event's index) if it is not
+        open: every tier's policy learns of it. Past MAX_OPEN_SCOPES the oldest ends."""
+        rank = self.scopes.get(scope)
+        if rank is None:
+            if len(self.scopes) >= MAX_OPEN_SCOPES:
+                self.end_scope(next(iter(self.scopes)))
+            rank = self.clock.event_index
+            self.scopes[scope] = rank
+            for tier in self.tiers:
+                tier.policy.scope_opened(rank)
+        return rank
 
     def end_scope(self, scope: tuple[str, str]) -> None:
-        self.tiers[0].policy.end_scope(scope)
+        """``BlocksAccessed.ends_scope``, or the client's clear: its rank is forgotten (its
+        blocks keep their place); a later use of the name opens it again."""
+        rank = self.scopes.pop(scope, None)
+        if rank is not None:
+            for tier in self.tiers:
+                tier.policy.scope_ended(rank)
+
+    def place_scoped(self, block_id: str, scope: tuple[str, str], position: int) -> None:
+        """A scoped allocation (``BlockAllocated.scope``): the block, if its tier's policy
+        holds it, ranks with the scope at ``position``."""
+        rank = self.open_scope(scope)
+        block = self.blocks.get(block_id)
+        if block is not None and block.tier != DROPPED:
+            policy = self.tiers[block.tier].policy
+            if block_id in policy:
+                policy.place_scoped(block, rank, position)
 
     def clear(self, owner: str) -> list[Block]:
         """The client dropped every block it had (engine restart); returns them, in the
         order it came to own them. O(the client's blocks), whatever other clients hold.
         Its request scopes end."""
-        self.tiers[0].policy.clear_scopes(owner)
+        for scope in [s for s in self.scopes if s[0] == owner]:
+            self.end_scope(scope)
         entry = self.by_owner.get(owner)
         if entry is None:
             return []

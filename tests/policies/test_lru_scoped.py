@@ -253,8 +253,10 @@ class Model:
             return "accessed.token_positions"
         if op.scope:
             positions = dict(zip(ids, op.positions, strict=True))
-            # The blocks in the tier rank with the scope; a dropped one is reloaded, a plain
-            # use, at its place in the event (the scoped ones before it are applied first).
+            # The scope opens with the event, before any of its uses. The blocks in the tier
+            # rank with the scope; a dropped one is reloaded, a plain use (so above the
+            # scope), at its place in the event (the scoped ones before it applied first).
+            self.scoped_use(client, op.scope, [], positions)
             hot: list[str] = []
             for block_id in ids:
                 if self.is_resident(block_id):
@@ -742,15 +744,49 @@ def test_past_the_cap_of_open_scopes_the_oldest_ends() -> None:
     """A client that never ends its scopes cannot grow the order without bound: past
     MAX_OPEN_SCOPES open scopes, the oldest ends (its blocks keep their place, and its next
     scoped use takes a new rank: the newest)."""
-    from policies.lru import MAX_OPEN_SCOPES
+    from broker.model.core import MAX_OPEN_SCOPES
 
     h = Harness("lru")
     h.send("c0", [Alloc("a", "first", 5), Alloc("b")])
     assert h.order() == ["a", "b"]  # a ranks with "first", older than b
-    policy = h.core.tiers[0].policy
     for n in range(MAX_OPEN_SCOPES):  # "first" plus these: one more than the cap
-        policy.access_scoped([], ("c0", f"r{n}"), {})
-    assert len(policy._scopes) == MAX_OPEN_SCOPES
-    assert ("c0", "first") not in policy._scopes
+        h.core.open_scope(("c0", f"r{n}"))
+    assert len(h.core.scopes) == MAX_OPEN_SCOPES
+    assert ("c0", "first") not in h.core.scopes
     h.send("c0", [Alloc("c", "first", 9)])  # "first" again: a new rank, above b
     assert h.order() == ["a", "b", "c"]
+
+
+def test_scopes_rank_in_any_tier_as_in_the_top_one() -> None:
+    """A broker deciding for several vLLM ranks keeps each rank's chunks in a tier of its
+    own (sidecar mode: allowed_tiers = [cpuN]). The core opens a scope for every tier's
+    policy, so the smallest case (a running request stores k after another request
+    touched b) ranks alike in the second tier: k, then a, then b."""
+    from broker.config import parse_config
+
+    tiers = "".join(f'[[tiers]]\nname = "cpu{r}"\ncapacity = 8\nhigh_watermark = 1.0\nlow_watermark = 1.0\n' for r in (0, 1))
+    core = Core(parse_config(f'[policy]\nname = "lru"\n{tiers}').core)
+
+    def alloc(block_id: str, scope: str = "", start: int = 0) -> pb.Event:
+        intent = pb.MemoryIntent(block_id=block_id, size_bytes=1, token_start=start, allowed_tiers=["cpu1"])
+        return pb.Event(allocated=pb.BlockAllocated(intent=intent, tier="cpu1", scope=scope))
+
+    def access(*ids: str, scope: str = "", at: Sequence[int] = ()) -> pb.Event:
+        return pb.Event(accessed=pb.BlocksAccessed(block_ids=ids, scope=scope, token_positions=at))
+
+    batches = [
+        [alloc("a"), alloc("b")],
+        [access("a", scope="A", at=[16])],
+        [access("b")],
+        [alloc("k", scope="A", start=32)],
+    ]
+    for seq, events in enumerate(batches, 1):
+        for ts, event in enumerate(events, 1):
+            event.ts_us = seq * 10 + ts
+        out = apply_batch(core, pb.IntentBatch(client_id="rank1", batch_seq=seq, events=events).SerializeToString())
+        assert out.rejections == []
+    policy = core.tiers[1].policy
+    assert [b.block_id for b in policy.choose_victims(3, frozenset()) or []] == ["k", "a", "b"]
+    ask = pb.Event(ts_us=99, eviction_requested=pb.EvictionRequested(tier="cpu1", count=1))
+    out = apply_batch(core, pb.IntentBatch(client_id="rank1", batch_seq=5, events=[ask]).SerializeToString())
+    assert [d.block_id for d in out.directives if d.kind == DirectiveKind.EVICT] == ["k"]

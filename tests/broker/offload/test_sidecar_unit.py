@@ -20,7 +20,7 @@ from broker.offload.translate import Translator
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
-from tests.broker.offload.test_sidecar_decider import Chunk, Request
+from tests.broker.offload.fakes import Chunk, Ctx
 
 EVICT = dpb.DIRECTIVE_KIND_EVICT
 PREFETCH = dpb.DIRECTIVE_KIND_PREFETCH
@@ -77,7 +77,7 @@ def setup(n: int = 4) -> tuple[Translator, SidecarDecider, ScriptedLink, list[by
     translator.decider = decider
     keys = [bytes([i]) * 4 for i in range(n)]
     for key in keys:  # stored oldest first: the local LRU's victim is keys[0]
-        translator.insert(key, Chunk(), Request("r"))
+        translator.insert(key, Chunk(0), Ctx("r"))
     return translator, decider, link, keys
 
 
