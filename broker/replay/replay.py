@@ -21,7 +21,7 @@ from broker.model.apply import apply_batch
 from broker.model.arms import Driving
 from broker.model.core import Directive
 from broker.model.stats import merged
-from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, BatchReader, directive_to_pb, read_batch
+from broker.model.wire import A_BLOCK_ID, ACCESSED, ALLOCATED, X_REFRESH_ONLY, BatchReader, directive_to_pb, read_batch
 from broker.replay import progress as sweep_progress
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -111,7 +111,8 @@ def journal_batches(source: JournalSource) -> BatchSource:
 
 
 def future_uses(batches: BatchSource) -> dict[str, list[int]]:
-    """For every block id, the ordinals of the events that allocate or access it.
+    """For every block id, the ordinals of the events that allocate or read it (an access;
+    not a refresh, ``refresh_only``: no hit to be had there).
 
     Ordinals count every event of every batch, as the core's clock.event_index does, so
     offline policies can ask when a block is used next.
@@ -125,6 +126,8 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
             ordinal += 1
             kind = event[0]
             if kind == ACCESSED:
+                if event[X_REFRESH_ONLY]:
+                    continue
                 for block_id in event[4]:  # without a block dict, the ids
                     uses.setdefault(block_id, []).append(ordinal)
             elif kind == ALLOCATED:
