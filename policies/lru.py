@@ -1,8 +1,8 @@
 """LRU: the least recently used block leaves first.
 
 Request-scoped uses (``BlocksAccessed.scope``, ``BlockAllocated.scope``; docs/schema.md)
-rank as vLLM's LRU ranks a running request's chunks: a scope (a request) takes its rank at
-its first scoped use, as that moment's newest use, and every block it uses ranks there,
+rank as vLLM's LRU ranks a running request's chunks: a scope (a request) takes its rank
+when the core opens it, as that moment's newest use, and every block it uses ranks there,
 tails before heads. So a chunk a long-running request stores late goes *below* chunks
 used since the request began, not to the newest end. Without scoped uses the policy is
 the plain move-to-end LRU, with no extra cost per use.
@@ -28,10 +28,11 @@ class RankedScope:
     kept highest rank first, so that the usual run (a request stores head to tail, its
     finish reads tail first) appends and pops at the end."""
 
-    __slots__ = ("tick", "entries", "open")
+    __slots__ = ("rank", "entries", "open")
 
-    def __init__(self, tick: int) -> None:
-        self.tick = tick
+    def __init__(self, rank: int) -> None:
+        # The core's rank of the scope: the index of the event that opened it.
+        self.rank = rank
         self.entries: list[tuple[int, str, Block]] = []
         # Open while the scope can rank more blocks; a closed one leaves the order once empty.
         self.open = True
@@ -65,7 +66,8 @@ class LRUPolicy(Policy):
         # (with its -position). All empty until the core opens a scope.
         self._scopes: dict[int, RankedScope] = {}
         self._member: dict[str, tuple[RankedScope, int]] = {}
-        self._ticks: dict[str, int] = {}
+        # block id -> the event index of its last plain use (kept once a scope has opened)
+        self._plain_at: dict[str, int] = {}
         self._clock = ctx.clock
         self._scoped = False
         self._slots = 0  # RankedScope slots in _order
@@ -74,7 +76,7 @@ class LRUPolicy(Policy):
         block_id = block.block_id
         self._order[block_id] = block
         if self._scoped:
-            self._ticks[block_id] = self._clock.event_index
+            self._plain_at[block_id] = self._clock.event_index
 
     def access(self, block: Block) -> None:
         if self._scoped:
@@ -94,7 +96,7 @@ class LRUPolicy(Policy):
     def remove(self, block: Block) -> None:
         block_id = block.block_id
         if self._scoped:
-            self._ticks.pop(block_id, None)
+            self._plain_at.pop(block_id, None)
             member = self._member.pop(block_id, None)
             if member is not None:
                 self._leave(member[0], member[1], block_id)
@@ -129,12 +131,12 @@ class LRUPolicy(Policy):
                 # Only up: a later scope's rank is above, and in the same scope a lower
                 # position (a head) is above a higher one.
                 held, held_neg = current
-                if held.tick > ranked.tick or (held is ranked and held_neg >= neg):
+                if held.rank > ranked.rank or (held is ranked and held_neg >= neg):
                     continue
                 del member[block_id]
                 self._leave(held, held_neg, block_id)
             else:
-                if self._ticks.get(block_id, -1) >= ranked.tick:
+                if self._plain_at.get(block_id, -1) >= ranked.rank:
                     continue  # used since the scope opened: already above it
                 del self._order[block_id]
             self._join(ranked, neg, block)
@@ -178,7 +180,7 @@ class LRUPolicy(Policy):
             self._order[block_id] = block
         else:
             self._order.move_to_end(block_id)
-        self._ticks[block_id] = self._clock.event_index
+        self._plain_at[block_id] = self._clock.event_index
 
     def _join(self, ranked: RankedScope, neg: int, block: Block) -> None:
         block_id = block.block_id
@@ -192,8 +194,8 @@ class LRUPolicy(Policy):
         else:
             entries.append((neg, block_id, block))
         self._member[block_id] = (ranked, neg)
-        if self._ticks:
-            self._ticks.pop(block_id, None)
+        if self._plain_at:
+            self._plain_at.pop(block_id, None)
 
     def _ranked(self) -> Iterator[Block]:
         """Every block, lowest rank first: plain blocks, and each scope's blocks in place."""
