@@ -206,8 +206,19 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
             if overall is not None:
                 overall.update(counter.value)
     except BaseException:
-        # One job failed (or ^C): the jobs not started are dropped; the error is the answer.
+        # One job failed (or ^C): the error is the answer. The jobs not started are dropped
+        # and the workers stopped and waited for, so that none outlives this call: a worker
+        # still starting when the parent returned failed to open the shared counter's
+        # semaphore (unlinked with it) and printed a traceback under the one-line error.
+        # Python 3.11's executor can neither stop its workers nor wait for them after a
+        # shutdown(wait=False), hence its _processes (ProcessPoolExecutor.terminate_workers
+        # is 3.14's).
+        workers_now = list((pool._processes or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
+        for process in workers_now:
+            process.terminate()
+        for process in workers_now:
+            process.join(10)
         raise
     finally:
         if overall is not None:
