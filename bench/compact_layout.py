@@ -29,7 +29,12 @@ import json
 import subprocess
 import sys
 from array import array
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker.bench.memory import rss
 
 BLOCKS_PER_REQUEST = 16
 # The Block fields a core keeps per block (policies/base.py), by width in this layout.
@@ -60,17 +65,9 @@ TIGHT_MID += ("refs", "children", "token_count", "allowed_mask")
 TIGHT_BYTE = ("tier", "priority", "phase", "flags", "request_priority", "tenant")
 
 
-def _rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise ValueError("VmRSS not in /proc/self/status")
-
-
 def child(blocks: int, tight: bool = False, ids_only: bool = False) -> dict[str, Any]:
     gc.collect()
-    before = _rss()
+    before = rss()
     ids: dict[str, int] = {}
     strings: dict[str, int] = {}
     if tight:
@@ -101,7 +98,7 @@ def child(blocks: int, tight: bool = False, ids_only: bool = False) -> dict[str,
             nxt[tail] = handle
         tail = handle
     gc.collect()
-    after = _rss()
+    after = rss()
     columns = [] if ids_only else [*wide.values(), *narrow.values(), prev, nxt]
     return {
         "kind": "compact_layout",

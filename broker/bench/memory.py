@@ -45,7 +45,8 @@ BLOCKS_PER_REQUEST = 16
 CHUNK = 2_000
 
 
-def _rss() -> int:
+def rss() -> int:
+    """This process's resident memory in bytes (VmRSS), for before/after figures."""
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -96,7 +97,7 @@ def _child(blocks: int, policy: str, with_breakdown: bool = False) -> dict[str, 
     first = min(CHUNK, blocks)
     outcome = apply_batch(core, batch(1, 0, first))
     gc.collect()
-    before = _rss()
+    before = rss()
     started = time.perf_counter()
     seq, done, rejected = 2, first, len(outcome.rejections)
     while done < blocks:
@@ -109,7 +110,7 @@ def _child(blocks: int, policy: str, with_breakdown: bool = False) -> dict[str, 
     for tier in core.tiers:
         tier.policy.choose_victims(1, frozenset())
     gc.collect()
-    after = _rss()
+    after = rss()
     added = blocks - first
     pauses = []
     for _ in range(3):
