@@ -42,6 +42,9 @@ _KIND_NAMES: Final = {kind: kind.name.lower() for kind in DirectiveKind}
 # policies' orders without bound): past it, the oldest open scope ends. An engine has far
 # fewer requests running at once (vLLM's max_num_seqs is at most a few thousand).
 MAX_OPEN_SCOPES: Final = 65_536
+# A scoped access without positions (every block at position 0); read only. One object, so
+# that a plain access (the hot path) makes no dict.
+_NO_POSITIONS: Final[dict[str, int]] = {}
 
 
 class EventError(Exception):
@@ -629,6 +632,7 @@ class Core:
         brought there (a reload, a recompute) is a plain use. No block: the scope only
         takes its rank."""
         rank = -1 if scope is None else self.open_scope(scope)
+        at: dict[str, int] = positions if positions is not None else _NO_POSITIONS
         stats = self.stats
         now = self.clock.now_us
         top = self.tiers[0].policy
@@ -655,7 +659,7 @@ class Core:
                         if scope is None:
                             top.access_many(hot)
                         else:
-                            top.access_scoped(hot, rank, positions or {})
+                            top.access_scoped(hot, rank, at)
                         hot.clear()
                     if protected is None:
                         protected = {b.block_id for b in blocks}
@@ -689,10 +693,10 @@ class Core:
                         dl_misses += 1
             if scope is not None:
                 if hot:
-                    top.access_scoped(hot, rank, positions or {})
+                    top.access_scoped(hot, rank, at)
                 if elsewhere:
                     for block in elsewhere:
-                        self.tiers[block.tier].policy.access_scoped([block], rank, positions or {})
+                        self.tiers[block.tier].policy.access_scoped([block], rank, at)
             elif hot:
                 top.access_many(hot)
         finally:

@@ -107,7 +107,8 @@ A_COMPRESSION_OK: Final = 26
 A_PREFETCH_OK: Final = 27
 A_SCOPE: Final = 28
 
-# accessed: (ACCESSED, ts_us, next_use_us, blocks, ids, scope, token_positions, ends_scope)
+# accessed: (ACCESSED, ts_us, next_use_us, blocks, ids, scope, token_positions, ends_scope,
+# refresh_only)
 X_SCOPE: Final = 5
 X_POSITIONS: Final = 6
 X_ENDS_SCOPE: Final = 7

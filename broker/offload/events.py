@@ -128,10 +128,8 @@ def allocated(ts: bytes, id_bytes: bytes, intent_rest: bytes) -> bytes:
 
 
 # Token positions repeat (multiples of a block's tokens), and a varint written in Python
-# costs more than the rest of an event: their encodings are kept, bounded. By value: the
-# varint; the MemoryIntent.token_start field.
+# costs more than the rest of an event: their encodings are kept, bounded.
 _POSITIONS: dict[int, bytes] = {}
-_TOKEN_STARTS: dict[int, bytes] = {}
 
 
 def position_varint(value: int) -> bytes:
@@ -146,11 +144,7 @@ def position_varint(value: int) -> bytes:
 def scoped_allocated(ts: bytes, id_bytes: bytes, intent_rest: bytes, scope_tail: bytes, token_start: int) -> bytes:
     """``allocated`` with MemoryIntent.token_start and BlockAllocated.scope (``scope_tail``:
     ``allocation_scope(name)``)."""
-    start = _TOKEN_STARTS.get(token_start)
-    if start is None:
-        start = b"\x80\x01" + varint(token_start) if token_start else b""  # 16 token_start
-        if len(_TOKEN_STARTS) < 65_536:
-            _TOKEN_STARTS[token_start] = start
+    start = b"\x80\x01" + position_varint(token_start) if token_start else b""  # 16 token_start
     intent = id_bytes + intent_rest + start
     n = len(intent)
     inner = b"\x0a" + (_SMALL[n] if n < 128 else _varint(n)) + intent + scope_tail
@@ -175,7 +169,7 @@ def accessed(ts: bytes, id_fields: Iterable[bytes]) -> bytes:
 
 def scoped_accessed(ts: bytes, id_fields: Iterable[bytes], scope_field: bytes, positions: Iterable[int]) -> bytes:
     """A request-scoped ``accessed``: the blocks at their token ``positions`` (one each)."""
-    packed = b"".join([_POSITIONS.get(p) or position_varint(p) for p in positions])
+    packed = b"".join([position_varint(p) for p in positions])
     n = len(packed)
     body = b"".join(id_fields) + scope_field
     if n:

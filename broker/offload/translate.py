@@ -328,10 +328,7 @@ class Translator:
         if not runs and not intent.scope_field:
             return
         ts = self.timestamp()
-        if intent.update_rest:
-            for run in runs:
-                for field in dict.fromkeys(run[1]):
-                    self.record(events.updated(ts, field, intent.update_rest))
+        self._hint_updates(ts, intent, [field for _, fields in runs for field in fields])
         if not runs:
             self.record(events.ending_accessed(ts, (), intent.scope_field))
             return
@@ -355,9 +352,7 @@ class Translator:
         placed.sort(key=lambda p: (-p[0], p[1]))
         fields = [entries[key][2] for _, key in placed]
         ts = self.timestamp()
-        if intent.update_rest:
-            for field in dict.fromkeys(fields):
-                self.record(events.updated(ts, field, intent.update_rest))
+        self._hint_updates(ts, intent, fields)
         self.record(events.scoped_accessed(ts, fields, intent.scope_field, [at for at, _ in placed]))
 
     def _access(self, keys: list[Any], req_context: Any) -> None:
@@ -369,10 +364,15 @@ class Translator:
             return
         ts = self.timestamp()
         intent = self.request_intent(req_context)
+        self._hint_updates(ts, intent, fields)
+        self.record(events.accessed(ts, fields))
+
+    def _hint_updates(self, ts: bytes, intent: RequestIntent, fields: list[bytes]) -> None:
+        """A hinted request's intent reaches the chunks it uses: ``intent_updated`` for each
+        (once), before the use."""
         if intent.update_rest:
             for field in dict.fromkeys(fields):
                 self.record(events.updated(ts, field, intent.update_rest))
-        self.record(events.accessed(ts, fields))
 
     def mark_evictable(self, key: Any) -> None:
         self.held.discard(key)
