@@ -369,19 +369,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     raise BadInput("--config", why)
                 planned.append(PlannedSource(Source(journal=url, stream=stream, options=options), base, live_policy))
         else:
+            if args.engine:
+                _check_engine(args)
             if args.config:
                 base = _config(args.config).core
-            elif args.no_decode and args.format != "profile":
+            elif args.engine or (args.no_decode and args.format != "profile"):
                 if not args.hbm:
-                    print(
-                        "kvbroker replay: --hbm: --no-decode without --config replays one cache tier: give its size with --hbm",
-                        file=sys.stderr,
-                    )
+                    what = "--engine replays vLLM's CPU tier" if args.engine else "--no-decode without --config replays one cache tier"
+                    print(f"kvbroker replay: --hbm: {what}: give its size with --hbm", file=sys.stderr)
                     return 2
                 base = single_tier(0)
             else:
                 base = _trace_base_config(args.trace, args.format)
-            planned.append(PlannedSource(Source(trace=args.trace, fmt=args.format, options=options), base))
+            planned.append(PlannedSource(Source(trace=args.trace, fmt=args.format, options=options, engine=args.engine or ""), base))
         spec = SweepSpec(
             policies,
             grid,
@@ -450,6 +450,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_engine(args: argparse.Namespace) -> None:
+    """--engine vllm runs a Mooncake trace's requests as vLLM's manager does: it has one
+    tier (the CPU tier, sized by --hbm) and no decode phase."""
+    if args.format != "mooncake":
+        raise BadInput("--engine", f"{args.engine} replays a Mooncake trace: give --format mooncake (got {args.format!r})")
+    if args.journal:
+        raise BadInput("--engine", "replays a trace (--trace), not a journal: a journal already holds what its engine did")
+    if args.dram or args.nvme:
+        raise BadInput("--engine", "vLLM's CPU tier is the one tier: size it with --hbm (no --dram, --nvme)")
+    if args.config:
+        raise BadInput("--engine", "sizes vLLM's CPU tier with --hbm; --config does not apply")
 
 
 def _journals(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -778,6 +791,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", action="append", help="comma-separated policies (same as --policy)")
     p.add_argument("--config", help="config whose tiers to replay on (default: the journal's, or hbm/dram/nvme defaults)")
     p.add_argument("--hbm", help="top tier capacities to sweep: 1GiB,4GiB or 1000000tok,3000000tok")
+    p.add_argument(
+        "--engine",
+        choices=["vllm"],
+        help="vllm: run a Mooncake trace's requests as vLLM's CPU offload tier does (prefix lookups, stores, its CachePolicy calls); "
+        "--hbm sizes that tier; the hit rate is vLLM's",
+    )
     p.add_argument("--dram", help="second tier capacities to sweep")
     p.add_argument("--nvme", help="third tier capacities to sweep")
     p.add_argument("--param", action="append", metavar="POLICY.KEY=V1,V2", help="sweep a policy parameter over values (repeat per key)")

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import math
 import tomllib
-from typing import Any
+from typing import Any, Final
 
 from broker.config.errors import ConfigError, parse_size
 from broker.config.health import HealthConfig, health_config_from_dict
@@ -108,6 +108,12 @@ CLUSTER_STREAM = "kvbroker:{{id}}:journal"
 _CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
+# history.ghosts by default (CoreConfig.history_ghosts); journals written before the key
+# existed replay with 0, as they ran.
+DEFAULT_HISTORY_GHOSTS: Final = 8.0
+MAX_HISTORY_GHOSTS: Final = 1024.0
+
+
 @dataclasses.dataclass(frozen=True)
 class CoreConfig:
     """The part of the config the deterministic core depends on."""
@@ -129,6 +135,12 @@ class CoreConfig:
     # broker's clock, measured against the time the broker received its batch (stamped in
     # the journaled batch, so replay decides the same). Here because the core enforces it.
     max_clock_skew_us: int = 60_000_000
+    # history.ghosts: how much history of freed blocks the core keeps (a block's reuses and
+    # reads, by block id), as a multiple of the tiers' total capacity in bytes; 0 keeps none.
+    # An engine that frees what it evicts (vLLM's CPU tier) stores a chunk again under the
+    # same id: with a ghost, that store is a re-reference, as in a replay where the dropped
+    # block stays known. docs/configuration.md says how the default was chosen.
+    history_ghosts: float = DEFAULT_HISTORY_GHOSTS
 
 
 # bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
@@ -175,9 +187,20 @@ def core_from_json(text: str) -> CoreConfig:
         raw_policy["shadows"] = tuple(raw_policy.get("shadows", ()))
         raw_policy["split"] = tuple((str(name), float(share)) for name, share in raw_policy.get("split", ()))
         policy = PolicyConfig(**raw_policy)
+        # A journal from before history.ghosts ran without ghosts: it replays so.
+        data.setdefault("history_ghosts", 0.0)
         return CoreConfig(tiers=tiers, policy=policy, **data)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"journaled config is not readable: {exc}") from exc
+
+
+def check_history_ghosts(value: float, key: str) -> float:
+    """A ghost bound: a number in [0, MAX_HISTORY_GHOSTS] (NaN and infinities refused)."""
+    if not 0.0 <= value <= MAX_HISTORY_GHOSTS:
+        raise ConfigError(
+            f"{key}: must be a multiple of the tiers' capacity in 0..{MAX_HISTORY_GHOSTS:g} (0: keep no history), got {value!r}"
+        )
+    return value
 
 
 def check_listen(listen: str, key: str = "broker.listen") -> None:
@@ -291,6 +314,10 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
     if quant not in QUANT:
         raise ConfigError(f"cost.quant: unknown {quant!r} (one of {', '.join(QUANT)})")
 
+    history = _table(root, "history")
+    ghosts = check_history_ghosts(_take(history, "ghosts", "history.", float, DEFAULT_HISTORY_GHOSTS), "history.ghosts")
+    _no_extra(history, "history.")
+
     pre = _table(root, "prefetch")
     margin = _take(pre, "margin_us", "prefetch.", int, 500)
     _no_extra(pre, "prefetch.")
@@ -348,6 +375,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         max_blocks_per_tenant=limits.max_blocks_per_tenant,
         max_clock_skew_us=limits.max_clock_skew_us,
         max_outstanding_directives=limits.max_outstanding_directives,
+        history_ghosts=ghosts,
     )
     config = BrokerConfig(
         broker_id=broker_id,
@@ -447,6 +475,9 @@ def config_to_toml(config: BrokerConfig) -> str:
         "[cost]",
         f"recompute_us = {core.recompute_us}",
         f"quant = {_toml_value(core.quant)}",
+        "",
+        "[history]",
+        f"ghosts = {_toml_value(core.history_ghosts)}",
         "",
         "[journal]",
     ]

@@ -223,6 +223,18 @@ class Core:
         # Open request scopes (BlocksAccessed.scope): (client, request) -> the scope's rank,
         # the index of the event that opened it (every tier's policy learns of it then).
         self.scopes: dict[tuple[str, str], int] = {}
+        # Ghosts: the history of freed blocks, block id -> (reads, reuses, size), oldest
+        # first, at most config.history_ghosts x the tiers' capacity in bytes. A block id
+        # names content (a prefix hash), so an engine that frees what it evicts and stores
+        # it again later (vLLM's CPU tier) brings back the same block: with its ghost, that
+        # store is a re-reference, as it is in a replay where the dropped block stays known.
+        self.ghosts: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        # Block id -> the rank of the last request scope that used it: a request's first
+        # scoped use of a block it did not store is a prefix reuse (vLLM's reused chunk),
+        # counted once per request as a prompt bringing a cached block again is in replay.
+        self._scope_use: dict[str, int] = {}
+        self._ghost_bytes = 0
+        self._ghost_limit = 0
         # limits.max_clock_skew_us: per tenant, the least (ts_us - received_us) of its events
         # that moved the clock; an event may run at most the skew ahead of its tenant's.
         self.time_anchor: dict[str, int] = {}
@@ -268,6 +280,8 @@ class Core:
             heapq.heapify(channels)
             self._channels[i] = channels
         self._scale, self._dequant_us = QUANT[config.quant]
+        self._ghost_limit = int(config.history_ghosts * sum(t.capacity_bytes for t in config.tiers))
+        self._trim_ghosts()
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
         self._proposing = type(top).after_access is not Policy.after_access
@@ -546,7 +560,14 @@ class Core:
         self.stats.prompt_blocks += 1
         if not block.allowed_in(t):
             raise EventError("allocated.tier", f"tier {self.tiers[t].name!r} is not in the block's allowed_tiers")
+        ghost = self.ghosts.pop(block.block_id, None) if self.ghosts else None
+        if ghost is not None:
+            self._revive(block, ghost)
         if not self._make_room(t, block, {block.block_id}):
+            if ghost is not None:  # refused: the history stays a ghost
+                self.ghosts[block.block_id] = ghost
+                self._ghost_bytes += ghost[2]
+                self.stats.reuses -= 1
             tier = self.tiers[t]
             raise EventError(
                 "allocated.tier",
@@ -607,6 +628,46 @@ class Core:
         self._touch(block, {block.block_id})
         self._deadline_moved(block, old_deadline)
 
+    def _count_scoped_reuse(self, blocks: list[Block], rank: int) -> None:
+        """A request (the scope of ``rank``) uses cached blocks: each one it has not used
+        or stored yet is reused once more, before its policy hears of the use."""
+        uses = self._scope_use
+        reused = 0
+        for block in blocks:
+            bid = block.block_id
+            if uses.get(bid, -1) != rank:
+                uses[bid] = rank
+                block.reuses += 1
+                reused += 1
+        self.stats.reuses += reused
+
+    def _revive(self, block: Block, ghost: tuple[int, int, int]) -> None:
+        """A freed block stored again: its history comes back, and the store counts as
+        a replay's reuse of a dropped block does (one more reuse, one more read: the
+        engine recomputed it), before any policy sees the block."""
+        self._ghost_bytes -= ghost[2]
+        block.accesses = ghost[0] + 1
+        block.reuses = ghost[1] + 1
+        self.stats.reuses += 1
+
+    def _bury(self, block: Block) -> None:
+        """File a freed block's history as a ghost (the newest), within the bound."""
+        ghosts = self.ghosts
+        bid = block.block_id
+        old = ghosts.pop(bid, None)
+        if old is not None:
+            self._ghost_bytes -= old[2]
+        ghosts[bid] = (block.accesses, block.reuses, block.size)
+        self._ghost_bytes += block.size
+        if self._ghost_bytes > self._ghost_limit:
+            self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
+        """Forget the oldest ghosts until they fit the bound."""
+        ghosts = self.ghosts
+        while ghosts and self._ghost_bytes > self._ghost_limit:
+            self._ghost_bytes -= ghosts.popitem(last=False)[1][2]
+
     def _count_prefix_use(self, block: Block) -> None:
         """A prompt brought a block the broker already had: a prefix hit if still resident."""
         stats = self.stats
@@ -634,6 +695,8 @@ class Core:
         rank = -1 if scope is None else self.open_scope(scope)
         at: dict[str, int] = positions if positions is not None else _NO_POSITIONS
         stats = self.stats
+        if scope is not None:
+            self._count_scoped_reuse(blocks, rank)
         now = self.clock.now_us
         top = self.tiers[0].policy
         # A policy with its own access_many gets the step's hits in one call (in order, and
@@ -866,6 +929,10 @@ class Core:
             self._unindex_request(block.request_id)
             self._unindex_owner(block.owner)
             block.heap_version += 1
+            if self._scope_use:
+                self._scope_use.pop(block.block_id, None)
+            if self._ghost_limit:
+                self._bury(block)
 
     def refresh(self, blocks: list[Block]) -> None:
         """Blocks used but not read (``BlocksAccessed.refresh_only``): the policy of each
@@ -909,6 +976,8 @@ class Core:
         holds it, ranks with the scope at ``position``."""
         rank = self.open_scope(scope)
         block = self.blocks.get(block_id)
+        if block is not None:
+            self._scope_use[block_id] = rank  # stored by the request: its uses are no reuse
         if block is not None and block.tier != DROPPED:
             policy = self.tiers[block.tier].policy
             if block_id in policy:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from broker.config import ConfigError, CoreConfig, PolicyConfig, TierConfig
-from broker.config.settings import validate_policy
+from broker.config.settings import DEFAULT_HISTORY_GHOSTS, check_history_ghosts, validate_policy
 from broker.journal.redis_urls import is_redis_url
 
 PREFIX: Final = "kvbroker_"
@@ -66,6 +66,10 @@ class OffloadSettings:
     # Sidecar mode: the broker's tier this rank's chunks live in ("" = the broker's top tier;
     # "{rank}" replaced): a tier per data-parallel rank (broker/offload/sidecar.py).
     broker_tier: str = ""
+    # The history of evicted chunks kept (their reads and reuses, by key), as a multiple of
+    # the CPU tier's chunks (CoreConfig.history_ghosts): a chunk vLLM stores again comes back
+    # with its history, a re-reference.
+    history_ghosts: float = DEFAULT_HISTORY_GHOSTS
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -78,7 +82,13 @@ class OffloadSettings:
         # Nobody acknowledges the adapter's directives (vLLM carries them out as it gets
         # them): remember few, not the broker's million.
         policy_config = PolicyConfig(name, dict(params))
-        return CoreConfig(tiers=(tier,), policy=policy_config, max_clock_skew_us=0, max_outstanding_directives=OUTSTANDING)
+        return CoreConfig(
+            tiers=(tier,),
+            policy=policy_config,
+            max_clock_skew_us=0,
+            max_outstanding_directives=OUTSTANDING,
+            history_ghosts=self.history_ghosts,
+        )
 
     # vLLM's data-parallel index of the engine ("{rank}"), when the policy could learn it.
     rank: int = 0
@@ -140,6 +150,20 @@ def _journal(value: Any, where: str) -> str:
     raise SettingsError(f"{where}: expected none, file://PATH or redis://HOST:PORT/DB (rediss://, unix://, redis+cluster://), got {url!r}")
 
 
+def _ghosts(value: Any, where: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise SettingsError(f"{where}: expected a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingsError(f"{where}: expected a number, got {type(value).__name__}")
+    try:
+        return check_history_ghosts(float(value), where)
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 def _non_empty(value: Any, where: str) -> str:
     text = _text(value, where)
     if not text:
@@ -161,6 +185,7 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "deadline_ms": _number,
     "fallback_policy": _text,
     "broker_tier": _text,
+    "history_ghosts": _ghosts,
 }
 
 

@@ -51,6 +51,9 @@ class Source:
     options: TraceOptions = dataclasses.field(default_factory=TraceOptions)
     # Replay with the engine's intent stripped (phase, priority, deadline): --ablate-intent.
     ablate_intent: bool = False
+    # --engine: "" replays the trace's events as imported; "vllm" runs a Mooncake trace's
+    # requests as vLLM's CPU offload manager does (broker.replay.engine_vllm), closed loop.
+    engine: str = ""
 
     def batches(self) -> tuple[BatchSource, SkipCounter]:
         skips = SkipCounter(self.options.skip_bad)
@@ -116,30 +119,37 @@ def single_tier(capacity: int) -> CoreConfig:
 def run_job(job: Job, progress: bool = False, data: SourceData | None = None) -> dict[str, Any]:
     """Replay one job; the flat record of ``ReplayResult.as_record`` plus capacities.
     ``data``: the source already read (broker.replay.preread), instead of reading it here."""
-    batches, skips = job.source.batches() if data is None else (data.batches(), SkipCounter())
-    expected = None
-    if job.verify and job.source.journal is not None:
-        expected = JournalSource(job.source.journal, job.source.stream).directives() if data is None else data.directives()
-    # Verification follows the journal exactly (its policy and config changes as applied).
-    policy = None if expected is not None else job.policy
-    total = (count_batches(job.source) if data is None else data.batch_count) if progress else None
-    result = replay(
-        batches,
-        job.config,
-        policy,
-        job.params,
-        expected=expected,
-        progress=progress,
-        total_batches=total,
-        ablate_intent=job.source.ablate_intent,
-    )
+    if job.source.engine:
+        from broker.replay.engine_vllm import replay_engine
+
+        result, skipped = replay_engine(job.source, job.config, job.policy, job.params)
+    else:
+        batches, skips = job.source.batches() if data is None else (data.batches(), SkipCounter())
+        expected = None
+        if job.verify and job.source.journal is not None:
+            expected = JournalSource(job.source.journal, job.source.stream).directives() if data is None else data.directives()
+        # Verification follows the journal exactly (its policy and config changes as applied).
+        policy = None if expected is not None else job.policy
+        total = (count_batches(job.source) if data is None else data.batch_count) if progress else None
+        result = replay(
+            batches,
+            job.config,
+            policy,
+            job.params,
+            expected=expected,
+            progress=progress,
+            total_batches=total,
+            ablate_intent=job.source.ablate_intent,
+        )
+        skipped = skips.skipped if data is None else data.skipped_lines
     record = result.as_record()
     record["source"] = job.source.label
     record["params"] = job.effective_params()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token
     record["capacity_tokens"] = {t.name: t.capacity_bytes // bpt for t in job.config.tiers} if job.source.journal is None else None
-    record["skipped_lines"] = skips.skipped if data is None else data.skipped_lines
+    record["skipped_lines"] = skipped
+    record["engine"] = job.source.engine or None
     record["intent"] = "stripped" if job.source.ablate_intent else "full"
     record["seconds"] = result.seconds
     if result.first_mismatch:

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Bytes per ghost (the history the core keeps of a freed block, docs/configuration.md's
+``history.ghosts``): the RSS an embedded core (vLLM's CPU tier, one byte a chunk) grows by
+while it files ``--ghosts`` ghosts, over the ghosts filed, and the RSS of a long run that
+stores and evicts far more chunks than the bound keeps (it must stay flat).
+
+    python bench/ghost_memory.py                       # 200,000 ghosts, 32-hex-digit ids
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from broker.bench.memory import rss
+from broker.offload import events
+from broker.offload.embedded import EmbeddedCore
+from broker.offload.settings import OffloadSettings
+
+PLAIN = events.intent_fields("")  # a chunk's MemoryIntent after its id, as the adapter sends it (size 1)
+
+
+def churn(core: EmbeddedCore, start: int, count: int, capacity: int) -> None:
+    """Store ``count`` new chunks one after another, each evicting the oldest once full:
+    every eviction is EvictionRequested + freed (a ghost), as the adapter sends them."""
+    ts = events.timestamp(1)
+    for n in range(start, start + count):
+        batch = []
+        if n >= capacity:
+            batch.append(events.eviction_requested(ts, 1, []))
+        batch.append(events.allocated(ts, events.id_field(f"{n:032x}"), PLAIN))
+        outcome = core.apply(batch)
+        if outcome.directives:
+            core.apply([events.freed(ts, [events.id_field(d.block_id) for d in outcome.directives])])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    parser.add_argument("--ghosts", type=int, default=200_000, help="ghosts to file (the bound is set to hold them all)")
+    parser.add_argument("--capacity", type=int, default=1_000, help="the CPU tier's chunks")
+    args = parser.parse_args()
+    multiple = args.ghosts / args.capacity
+    core = EmbeddedCore(OffloadSettings(policy="lru", history_ghosts=multiple), args.capacity, journal=False)
+    churn(core, 0, args.capacity, args.capacity)  # fill the tier first: its blocks are not ghosts
+    before = rss()
+    churn(core, args.capacity, args.ghosts, args.capacity)
+    grown = rss() - before
+    ghosts = len(core.core.ghosts)
+    print(f"{ghosts:,} ghosts: RSS +{grown / 2**20:.1f} MiB, {grown / ghosts:.0f} bytes per ghost")
+    # The bound holds: as many chunks again churn through, the ghosts stay at the bound.
+    churn(core, args.capacity + args.ghosts, args.ghosts, args.capacity)
+    after = rss()
+    print(f"after {args.ghosts:,} more evictions: {len(core.core.ghosts):,} ghosts, RSS {(after - before - grown) / 2**20:+.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,270 @@
+"""Replay a Mooncake trace as vLLM's CPU offload tier runs it: the figure vLLM realizes.
+
+A replay of prompt blocks (``--no-decode``) counts every block a later prompt finds still
+resident. vLLM 0.33's ``CPUOffloadingManager`` realizes less: its scheduler looks a
+request's chunks up in order and stops at the first miss (a prefix lookup), loads the hits,
+and stores the rest, evicting through its CachePolicy; a chunk found resident after the
+first miss is not a hit, only a reuse at the request's finish. What the policy is told
+follows from that, so the same policy sees other events, and decides otherwise.
+
+``replay_requests`` runs the requests one after another through that protocol (the calls
+``tests/broker/offload/manager_driver.py: mooncake`` makes on vLLM's real manager, in the
+same order, with the same chunk bookkeeping) into the adapter kvbroker puts inside vLLM
+(``broker.offload.translate.Translator`` on an embedded core, no journal). So the policy
+sees exactly the events it sees inside vLLM, with the same history bound, and the hit count
+is vLLM's: chunks hit by the prefix lookups over chunks asked. The vllm-marked tests hold
+the two figures together on the same trace (tests/broker/offload/test_replay_predicts_vllm.py).
+
+Event time is the trace's (each request at its arrival), where inside vLLM it is the wall
+clock: only a policy that reads event time can tell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from broker.config import CoreConfig
+from broker.offload import events
+from broker.offload.embedded import EmbeddedCore
+from broker.offload.settings import OffloadSettings
+from broker.offload.translate import Translator
+from broker.replay.replay import ReplayResult
+from broker.replay.traces import SkipCounter, TraceError
+from broker.replay.traces.mooncake import read_requests
+
+if TYPE_CHECKING:  # sweep imports this module lazily (its Source is only a type here)
+    from broker.replay.sweep import Source
+
+ENGINES = ("vllm",)
+
+
+def chunk_key(hash_id: str | int) -> bytes:
+    """The OffloadKey of a Mooncake hash id (``h123`` or 123) in KV cache group 0, as the
+    manager driver makes it (8 bytes of hash, 4 of group index)."""
+    n = int(hash_id[1:]) if isinstance(hash_id, str) else hash_id
+    return n.to_bytes(8, "big") + b"\0\0\0\0"
+
+
+class _Chunk:
+    """vLLM's ChunkStatus: ``ref_cnt`` -1 while being written, then the readers' count."""
+
+    __slots__ = ("ref_cnt",)
+
+    def __init__(self) -> None:
+        self.ref_cnt = -1
+
+
+class _Request:
+    """The ReqContext the adapter reads: the request id, per-type state, token positions."""
+
+    __slots__ = ("_positions", "_state", "kv_hints", "req_id")
+
+    def __init__(self, req_id: str, positions: dict[bytes, int]) -> None:
+        self.req_id = req_id
+        self.kv_hints = None
+        self._state: dict[type, Any] = {}
+        self._positions = positions
+
+    def get_state(self, cls: type) -> Any:
+        return self._state.get(cls)
+
+    def set_state(self, value: Any) -> None:
+        self._state[type(value)] = value
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        return self._positions.get(key)
+
+
+class _TraceTimeTranslator(Translator):
+    """The adapter with event time set by the caller (the trace's), not the wall clock."""
+
+    now_ms = 0
+
+    def timestamp(self) -> bytes:
+        ms = self.now_ms
+        if ms != self._ts_ms:
+            self._ts_ms = ms
+            self._ts = events.timestamp(ms * 1000)
+        return self._ts
+
+
+@dataclasses.dataclass
+class EngineResult:
+    """What vLLM's manager would report: chunks hit by prefix lookups, chunks asked."""
+
+    hits: int
+    asked: int
+    stores: int
+    stores_refused: int
+    evictions: int
+    seconds: float
+    core: Any
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.asked if self.asked else 0.0
+
+
+class EmulatedManager:
+    """The part of vLLM 0.33's CPUOffloadingManager a sequential request stream exercises,
+    driving a CachePolicy (the adapter): lookups, loads, stores with evictions, finishes.
+    Loads and stores complete at once (one request at a time), so every chunk is ready."""
+
+    def __init__(self, policy: Translator, num_chunks: int) -> None:
+        self.policy = policy
+        self.num_chunks = num_chunks
+        self.used = 0
+        self.evictable = 0
+        self.stores = 0
+        self.stores_refused = 0
+        self.evictions = 0
+
+    def run(self, keys: Sequence[bytes], req: _Request) -> int:
+        """One request: its prefix hits loaded, its misses stored, finished; the hits."""
+        policy = self.policy
+        get = policy.get
+        hits: list[bytes] = []
+        for key in keys:
+            if get(key) is None:
+                break
+            hits.append(key)
+        seen: dict[bytes, None] = {}
+        inserted: set[bytes] = set()
+        reused: set[bytes] = set()
+        if hits:
+            # prepare_load: each chunk read (ref_cnt 0 -> 1, non-evictable), recorded as a
+            # request access (the new keys), then complete_load (back to evictable).
+            for key in hits:
+                policy.mark_non_evictable(key)
+            self._record(hits, req, seen)
+            reused.update(hits)
+            for key in hits:
+                policy.mark_evictable(key)
+        misses = keys[len(hits) :]
+        if misses:
+            self._store(list(misses), req, seen, inserted, reused)
+        self._finish(seen, inserted, reused, req)
+        return len(hits)
+
+    def _record(self, keys: Iterable[bytes], req: _Request, seen: dict[bytes, None]) -> None:
+        new = [key for key in keys if key not in seen]
+        for key in new:
+            seen[key] = None
+        if new:
+            self.policy.on_request_access(new, req)
+
+    def _store(self, keys: list[bytes], req: _Request, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes]) -> None:
+        policy = self.policy
+        to_store = [key for key in keys if policy.get(key) is None]
+        existing = [key for key in keys if key not in to_store] if len(to_store) != len(keys) else []
+        wanted = set(to_store)
+        wanted.update(existing)
+        self._record((key for key in keys if key in wanted), req, seen)
+        reused.update(key for key in existing if key not in inserted)
+        if not to_store:
+            return
+        need = len(to_store) - (self.num_chunks - self.used)
+        if need > 0:
+            if need > self.evictable:
+                self.stores_refused += 1
+                return
+            evicted = policy.evict(need, set(keys))
+            if evicted is None:
+                self.stores_refused += 1
+                return
+            self.evictable -= len(evicted)
+            self.used -= len(evicted)
+            self.evictions += len(evicted)
+        self.used += len(to_store)
+        for key in to_store:
+            policy.insert(key, _Chunk(), req)
+        inserted.update(to_store)
+        self.stores += 1
+        # complete_store: written, evictable.
+        for key in to_store:
+            chunk = policy.get(key)
+            if chunk is not None and chunk.ref_cnt < 0:
+                chunk.ref_cnt = 0
+                self.evictable += 1
+                policy.mark_evictable(key)
+
+    def _finish(self, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes], req: _Request) -> None:
+        keys = list(seen)
+        positions = {key: at for key in keys if (at := req.get_offload_key_position(key)) is not None}
+        if len(positions) == len(keys):
+            keys.sort(key=positions.__getitem__)
+        self.policy.on_request_finished((tuple(keys),) if keys else (), inserted - reused, reused, req)
+
+
+def replay_requests(
+    requests: Iterable[tuple[int, Sequence[str | int]]],
+    num_chunks: int,
+    policy: str,
+    params: dict[str, Any] | None = None,
+    *,
+    history_ghosts: float | None = None,
+    block_tokens: int = 512,
+) -> EngineResult:
+    """Run (arrival in ms, hash ids) requests, in order, through the emulated manager with
+    kvbroker's ``policy`` deciding at ``num_chunks`` chunks; vLLM's hit count."""
+    settings = OffloadSettings(policy=policy, policy_params=dict(params or {}))
+    if history_ghosts is not None:
+        settings = dataclasses.replace(settings, history_ghosts=history_ghosts)
+    local = EmbeddedCore(settings, num_chunks, journal=False)
+    translator = _TraceTimeTranslator(local)
+    manager = EmulatedManager(translator, num_chunks)
+    hits = asked = 0
+    started = time.perf_counter()
+    for n, (arrival_ms, hash_ids) in enumerate(requests):
+        keys = [chunk_key(h) for h in hash_ids]
+        translator.now_ms = arrival_ms
+        req = _Request(f"m{n}", {k: (i + 1) * block_tokens for i, k in enumerate(keys)})
+        hits += manager.run(keys, req)
+        asked += len(keys)
+    translator.apply()
+    return EngineResult(
+        hits=hits,
+        asked=asked,
+        stores=manager.stores,
+        stores_refused=manager.stores_refused,
+        evictions=manager.evictions,
+        seconds=time.perf_counter() - started,
+        core=local.core,
+    )
+
+
+def replay_engine(source: Source, config: CoreConfig, policy: str, params: dict[str, Any] | None) -> tuple[ReplayResult, int]:
+    """A replay job with ``--engine vllm``: the Mooncake trace's requests through the
+    emulated manager, the top tier's capacity in chunks (bytes over one chunk's bytes);
+    the record of a replay (``prefix_hits``, ``prompt_blocks`` and ``prefix_hit_rate`` are
+    vLLM's: chunks hit by prefix lookups, chunks asked) and the bad lines skipped."""
+    if source.trace is None or source.fmt != "mooncake":
+        raise TraceError(str(source.trace), 0, "--engine", "vllm replays a Mooncake trace (--format mooncake)")
+    skips = SkipCounter(source.options.skip_bad)
+    requests = read_requests(source.trace, skips)
+    block_tokens = 512  # Mooncake's hash ids name 512-token blocks
+    chunk_bytes = block_tokens * source.options.bytes_per_token
+    chunks = max(1, config.tiers[0].capacity_bytes // chunk_bytes)
+    flat = ((r.arrival_us // 1000, [int(h[1:]) for h in r.hash_ids]) for r in requests)
+    result = replay_requests(flat, chunks, policy, params, history_ghosts=config.history_ghosts, block_tokens=block_tokens)
+    core = result.core
+    metrics = core.stats.as_dict([t.name for t in core.tiers])
+    metrics["prompt_blocks"] = result.asked
+    metrics["prefix_hits"] = result.hits
+    metrics["prefix_hit_rate"] = result.hit_ratio
+    metrics["evictions"] = result.evictions
+    stats = core.stats
+    return (
+        ReplayResult(
+            policy=core.policy_name,
+            batches=stats.batches,
+            events=sum(stats.events.values()),
+            directives=sum(stats.directives.values()),
+            seconds=result.seconds,
+            metrics=metrics,
+        ),
+        skips.skipped,
+    )
