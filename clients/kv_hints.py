@@ -191,7 +191,10 @@ def _parse(envelope: Any) -> tuple[IntentHint | None, str]:
     action = mine[0]
     version = _field(action, "action_version")
     if version != ACTION_VERSION:
-        return None, f"kv_hints.actions[{ACTION_TYPE}].action_version: {show(version)} is not supported (this policy reads {ACTION_VERSION!r})"
+        return (
+            None,
+            f"kv_hints.actions[{ACTION_TYPE}].action_version: {show(version)} is not supported (this policy reads {ACTION_VERSION!r})",
+        )
     return read_payload(_field(action, "payload"))
 
 

@@ -30,10 +30,11 @@ vLLM calls                        kvbroker events
 ================================  ===================================================================
 
 Events are applied in call order, but in batches: they are buffered and applied, as one
-IntentBatch, right before the next decision (``evict``), or when ``FLUSH_EVENTS`` are
-waiting. Nothing is decided in between, so the decisions are those of applying each call
-at once, and one batch per decision costs far less than one per call. Event time
-(``ts_us``) is the wall clock at the call, to the millisecond.
+IntentBatch, right before the next decision (``evict``: then the ``eviction_requested``
+alone, as the next batch), or when ``FLUSH_EVENTS`` are waiting. Nothing is decided in
+between, so the decisions are those of applying each call at once, and two batches per
+decision cost far less than one per call. Event time (``ts_us``) is the wall clock at the
+call, to the millisecond.
 
 **The decider seam.** ``Decider.evict(count, protected_ids) -> victim ids | None`` is where
 an eviction is decided. ``LocalDecider`` applies an ``eviction_requested`` event to the

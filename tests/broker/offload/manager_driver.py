@@ -141,7 +141,9 @@ def random_stream(
                 fresh += 1
                 blocks.append(fresh)
             keys = [key(n, g) for n in blocks for g in range(groups)]
-            ctx = ReqContext(req_id=req_ids(n_req) if req_ids is not None else f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None)
+            ctx = ReqContext(
+                req_id=req_ids(n_req) if req_ids is not None else f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None
+            )
             if positions:
                 for i, k in enumerate(keys):
                     ctx.set_offload_key_position(k, (i // groups + 1) * 16)

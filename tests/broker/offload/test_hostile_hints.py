@@ -32,7 +32,11 @@ def translator(policy: str = "lru", capacity: int = 8) -> Translator:
 
 
 def envelope(payload: Any) -> dict[str, Any]:
-    return {"protocol_version": "1", "message_id": "m", "actions": [{"action_id": "a", "action_type": ACTION_TYPE, "action_version": "1", "payload": payload}]}
+    return {
+        "protocol_version": "1",
+        "message_id": "m",
+        "actions": [{"action_id": "a", "action_type": ACTION_TYPE, "action_version": "1", "payload": payload}],
+    }
 
 
 def core_ids(t: Translator) -> set[str]:
@@ -247,7 +251,11 @@ def test_a_varint_never_writes_a_negative_value_as_another() -> None:
             events.varint(bad)
         with pytest.raises(ValueError, match="varint"):
             events.position_varint(bad)
-    assert read_batch(events.batch(events.batch_head("x"), 1, [events.scoped_accessed(events.timestamp(1), [events.id_field("a")], events.scope("s"), [2**64 - 1])]))
+    assert read_batch(
+        events.batch(
+            events.batch_head("x"), 1, [events.scoped_accessed(events.timestamp(1), [events.id_field("a")], events.scope("s"), [2**64 - 1])]
+        )
+    )
 
 
 def test_ignored_hints_are_logged_rate_limited_and_their_reasons_counted_bounded(caplog: pytest.LogCaptureFixture) -> None:
