@@ -76,7 +76,7 @@ HINT_REASONS: Final = 64
 # not UTF-8 at all, is named by its digest instead.
 MAX_REQUEST_ID_BYTES: Final = 256
 # Token positions a chunk may carry: a MemoryIntent.token_start is a uint64; past int64 no
-# prompt goes. A position outside 0..MAX_POSITION makes the key position-less (plain use).
+# prompt goes. A key whose position is outside 0..MAX_POSITION is taken as one with none.
 MAX_POSITION: Final = 2**63 - 1
 # The largest deadline_us MemoryIntent carries (int64).
 MAX_DEADLINE_US: Final = 2**63 - 1
@@ -134,7 +134,7 @@ class TranslatorStats:
     request_ids_digested: int = 0
     # Keys whose token position was outside 0..MAX_POSITION (sent as plain uses).
     positions_ignored: int = 0
-    # Events dropped because they could not be encoded as a batch the core reads.
+    # Events dropped because the core could not read them (the rest of their batch applied).
     events_dropped: int = 0
 
 
@@ -438,7 +438,8 @@ class Translator:
         entries = self.entries
         placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None] if position is not None else []
         if placed and not all(0 <= at <= MAX_POSITION for at, _ in placed):
-            # Negative or absurd positions: those keys are not scoped uses (as insert does).
+            # Negative or absurd positions: those keys go as keys with no position do (left
+            # out of the scoped use), never at a wrong one.
             kept = [(at, key) for at, key in placed if 0 <= at <= MAX_POSITION]
             self.stats.positions_ignored += len(placed) - len(kept)
             placed = kept
