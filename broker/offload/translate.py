@@ -30,10 +30,10 @@ vLLM calls                        kvbroker events
 ================================  ===================================================================
 
 Events are applied in call order, but in batches: they are buffered and applied, as one
-IntentBatch, right before the next decision (``evict``: then the ``eviction_requested``
-alone, as the next batch), or when ``FLUSH_EVENTS`` are waiting. Nothing is decided in
-between, so the decisions are those of applying each call at once, and two batches per
-decision cost far less than one per call. Event time (``ts_us``) is the wall clock at the
+IntentBatch, right before the next decision (``evict``, whose ``eviction_requested`` ends
+the batch), or when ``FLUSH_EVENTS`` are waiting. Nothing is decided in between, so the
+decisions are those of applying each call at once, and one batch per decision costs far
+less than one per call. Event time (``ts_us``) is the wall clock at the
 call, to the millisecond.
 
 **The decider seam.** ``Decider.evict(count, protected_ids) -> victim ids | None`` is where
@@ -78,6 +78,8 @@ MAX_REQUEST_ID_BYTES: Final = 256
 # Token positions a chunk may carry: a MemoryIntent.token_start is a uint64; past int64 no
 # prompt goes. A key whose position is outside 0..MAX_POSITION is taken as one with none.
 MAX_POSITION: Final = 2**63 - 1
+# The reason of the EVICT directives an eviction_requested makes (broker.model.core).
+REQUESTED: Final = "eviction requested"
 # The largest deadline_us MemoryIntent carries (int64).
 MAX_DEADLINE_US: Final = 2**63 - 1
 
@@ -103,16 +105,18 @@ class LocalDecider:
     def evict(self, count: int, protected: list[str]) -> list[str] | None:
         ts = self.translator.timestamp()
         ask = events.eviction_requested(ts, count, [events.id_field(b) for b in protected])
-        # What vLLM did before goes in as its own batch: an event of it the core rejects
-        # does not touch the decision. The eviction then goes alone, so its outcome is
-        # the decision's whole: rejected, the core changed nothing (choose_count picks
-        # exactly ``count`` or raises); applied, these are its victims, and vLLM gets them
-        # (the state changes only with the answer given).
-        self.translator.apply()
         outcome = self.translator.apply(ask)
-        if outcome is None or outcome.rejections:
+        if outcome is None:
             return None
-        return [d.block_id for d in outcome.directives]
+        # The decision is the ask's own outcome, whatever became of the calls before it in
+        # the batch (an event of theirs the core rejects changed nothing): the ask, the
+        # batch's last event, rejected, the core changed nothing (choose_count picks
+        # exactly ``count`` or raises); applied, its victims are the answer, and vLLM drops
+        # them as the core did.
+        last = outcome.accepted + len(outcome.rejections) - 1
+        if any(r.index == last for r in outcome.rejections):
+            return None
+        return [d.block_id for d in outcome.directives if d.reason.startswith(REQUESTED)]
 
 
 @dataclasses.dataclass

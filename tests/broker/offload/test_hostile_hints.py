@@ -179,9 +179,16 @@ def test_the_embedded_decision_is_whole_when_an_earlier_event_was_rejected() -> 
     assert victims is not None and [key for key, _ in victims] == [k(0)]
     assert core_ids(t) == {k(i).hex() for i in range(1, 4)} == {key.hex() for key in t.entries}
     assert t.local.rejected == 1 and t.stats.evictions_refused == 0
+    # The same with an unreadable event before it (the batch applies without that event).
+    t.record(events.freed(t.timestamp(), [events.id_field("unknown")]))
+    t.record(b"\x08\x01\x12\xff\xff")
+    victims = t.evict(1, set())
+    assert victims is not None and [key for key, _ in victims] == [k(1)]
+    assert core_ids(t) == {k(i).hex() for i in range(2, 4)} == {key.hex() for key in t.entries}
+    assert t.stats.events_dropped == 1 and t.local.rejected == 2
     # Refused when the eviction itself is rejected (every chunk protected): nothing changed.
     assert t.evict(1, set(t.entries)) is None
-    assert core_ids(t) == {key.hex() for key in t.entries} and len(t.entries) == 3
+    assert core_ids(t) == {key.hex() for key in t.entries} and len(t.entries) == 2
 
 
 def test_a_tenant_is_bounded_in_bytes_and_never_copied_per_chunk_beyond_it() -> None:
