@@ -18,15 +18,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
+from broker.model.wire import read_batch
 from broker.model.wire import varint as _varint
 
 # One-byte varints, made once: lengths and small numbers are most of what is written.
 _SMALL: Final = tuple(bytes((i,)) for i in range(128))
 
 
+# The largest value a varint field holds (uint64; int64 fields read it as negative past 2^63).
+MAX_VARINT: Final = 2**64 - 1
+
+
 def varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf varint."""
-    return _SMALL[value] if value < 128 else _varint(value)
+    """``value`` (0..2^64-1) as a protobuf varint; ValueError otherwise (a negative value once
+    came out as a wrong byte: -1 as 127)."""
+    if 0 <= value < 128:
+        return _SMALL[value]
+    if not 0 <= value <= MAX_VARINT:
+        raise ValueError(f"a varint holds 0..2^64-1, got {value}")
+    return _varint(value)
 
 
 # Event fields: 1 ts_us (varint), then the oneof kind (length-delimited).
@@ -133,6 +143,8 @@ _POSITIONS: dict[int, bytes] = {}
 
 
 def position_varint(value: int) -> bytes:
+    """A token position (0..2^64-1; ValueError otherwise: the translator sends a key with a
+    position outside its bound as a plain use, and never gets here with it)."""
     out = _POSITIONS.get(value)
     if out is None:
         out = varint(value)
@@ -210,6 +222,16 @@ def eviction_requested(ts: bytes, count: int, protected_ids: Iterable[bytes], ti
     for field in protected_ids:
         body += b"\x1a" + field[1:]
     return event(ts, _EVICTION, bytes(body))
+
+
+def readable(raw: bytes) -> bool:
+    """Whether the core can read a serialized batch (``apply_batch`` reads the whole batch
+    before it applies anything: unreadable bytes change nothing)."""
+    try:
+        read_batch(raw)
+    except Exception:
+        return False
+    return True
 
 
 def batch_head(client_id: str, tenant: str = "") -> tuple[bytes, bytes]:

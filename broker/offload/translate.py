@@ -30,10 +30,11 @@ vLLM calls                        kvbroker events
 ================================  ===================================================================
 
 Events are applied in call order, but in batches: they are buffered and applied, as one
-IntentBatch, right before the next decision (``evict``), or when ``FLUSH_EVENTS`` are
-waiting. Nothing is decided in between, so the decisions are those of applying each call
-at once, and one batch per decision costs far less than one per call. Event time
-(``ts_us``) is the wall clock at the call, to the millisecond.
+IntentBatch, right before the next decision (``evict``, whose ``eviction_requested`` ends
+the batch), or when ``FLUSH_EVENTS`` are waiting. Nothing is decided in between, so the
+decisions are those of applying each call at once, and one batch per decision costs far
+less than one per call. Event time (``ts_us``) is the wall clock at the
+call, to the millisecond.
 
 **The decider seam.** ``Decider.evict(count, protected_ids) -> victim ids | None`` is where
 an eviction is decided. ``LocalDecider`` applies an ``eviction_requested`` event to the
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -53,7 +55,7 @@ from typing import Any, Final, Protocol
 
 from broker.offload import events
 from broker.offload.embedded import EmbeddedCore
-from clients.kv_hints import IntentHint, parse_intent
+from clients.kv_hints import IntentHint, parse_intent, show
 
 # Under vLLM's logger (this room runs inside vLLM): vLLM's logging configuration shows it.
 log = logging.getLogger("vllm.kvbroker")
@@ -65,6 +67,21 @@ FLUSH_EVENTS: Final = 4096
 FLUSH_MS: Final = 1000
 # How often the counters are logged (INFO): an embedded engine has no `kvbroker status`.
 REPORT_MS: Final = 60_000
+# An ignored hint is logged (WARNING) at most once per this long (the count goes on): hints
+# come from requests, and a flood of bad ones must not flood vLLM's log.
+HINT_LOG_MS: Final = 10_000
+# Distinct reasons counted by name; past this many, "other" (a reason may quote its value).
+HINT_REASONS: Final = 64
+# A request id (a scope's name, in every chunk's event) longer than this, in UTF-8 bytes, or
+# not UTF-8 at all, is named by its digest instead.
+MAX_REQUEST_ID_BYTES: Final = 256
+# Token positions a chunk may carry: a MemoryIntent.token_start is a uint64; past int64 no
+# prompt goes. A key whose position is outside 0..MAX_POSITION is taken as one with none.
+MAX_POSITION: Final = 2**63 - 1
+# The reason of the EVICT directives an eviction_requested makes (broker.model.core).
+REQUESTED: Final = "eviction requested"
+# The largest deadline_us MemoryIntent carries (int64).
+MAX_DEADLINE_US: Final = 2**63 - 1
 
 
 class Decider(Protocol):
@@ -89,9 +106,17 @@ class LocalDecider:
         ts = self.translator.timestamp()
         ask = events.eviction_requested(ts, count, [events.id_field(b) for b in protected])
         outcome = self.translator.apply(ask)
-        if outcome is None or outcome.rejections:
+        if outcome is None:
             return None
-        return [d.block_id for d in outcome.directives]
+        # The decision is the ask's own outcome, whatever became of the calls before it in
+        # the batch (an event of theirs the core rejects changed nothing): the ask, the
+        # batch's last event, rejected, the core changed nothing (choose_count picks
+        # exactly ``count`` or raises); applied, its victims are the answer, and vLLM drops
+        # them as the core did.
+        last = outcome.accepted + len(outcome.rejections) - 1
+        if any(r.index == last for r in outcome.rejections):
+            return None
+        return [d.block_id for d in outcome.directives if d.reason.startswith(REQUESTED)]
 
 
 @dataclasses.dataclass
@@ -106,8 +131,15 @@ class TranslatorStats:
     hinted_requests: int = 0
     # Batches that raised in the core, decisions that failed or named impossible victims.
     errors: int = 0
-    # Hints ignored, by reason (a malformed kvbroker action in a request's kv_hints).
+    # Hints ignored, by reason (a malformed kvbroker action in a request's kv_hints); at
+    # most HINT_REASONS reasons, then "other".
     hints_ignored: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    # Request ids named by their digest (longer than MAX_REQUEST_ID_BYTES, or not UTF-8).
+    request_ids_digested: int = 0
+    # Keys whose token position was outside 0..MAX_POSITION (sent as plain uses).
+    positions_ignored: int = 0
+    # Events dropped because the core could not read them (the rest of their batch applied).
+    events_dropped: int = 0
 
 
 @dataclasses.dataclass(slots=True)
@@ -149,6 +181,8 @@ class Translator:
         self._ts = b""
         self._applied_ms = -1
         self._report_ms = 0
+        self._hint_log_ms = 0
+        self._hints_unlogged = 0
         self._generation = 0
         self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
         self._plain_intent = events.intent_fields("", tenant=tenant)
@@ -190,6 +224,16 @@ class Translator:
         try:
             return self.local.apply(evs)
         except Exception:
+            readable = self._readable(evs)
+            if readable is not None:
+                # Bytes the core could not read (nothing of them was applied): the events
+                # it reads go in without the others, so one bad event costs only itself.
+                self.stats.events_dropped += len(evs) - len(readable)
+                log.error("kvbroker: %d events of a batch could not be read; the other %d apply", len(evs) - len(readable), len(readable))
+                try:
+                    return self.local.apply(readable) if readable else None
+                except Exception:
+                    pass
             # A policy that raises must not stop vLLM's scheduler: the batch is counted and
             # logged; evictions are then refused (vLLM skips those stores) if the core can
             # no longer name chunks vLLM holds.
@@ -198,13 +242,21 @@ class Translator:
                 log.exception("kvbroker: applying a batch of %d events failed (error %d)", len(evs), self.stats.errors)
             return None
 
+    def _readable(self, evs: list[bytes]) -> list[bytes] | None:
+        """When the batch of ``evs`` cannot be read (nothing of it applied), the events that
+        can, each read alone; None when it can (the error was in applying it)."""
+        head = events.batch_head("check")
+        if events.readable(events.batch(head, 1, evs)):
+            return None
+        return [ev for ev in evs if events.readable(events.batch(head, 1, [ev]))]
+
     def report(self) -> None:
         """Log the counters (every REPORT_MS while vLLM calls)."""
         st = self.stats
         journal = self.local.journal
         log.info(
             "kvbroker: %d chunks held, %d evictions asked (%d refused), %d chunks evicted, %d batches, "
-            "%d hinted requests, %d hints ignored, %d errors, journal %s",
+            "%d hinted requests, %d hints ignored, %d positions ignored, %d errors, journal %s",
             len(self.entries),
             st.evictions_asked,
             st.evictions_refused,
@@ -212,6 +264,7 @@ class Translator:
             st.batches,
             st.hinted_requests,
             sum(st.hints_ignored.values()),
+            st.positions_ignored,
             st.errors,
             f"{journal.url} ({journal.written} records written)" if journal is not None else "none",
         )
@@ -227,25 +280,61 @@ class Translator:
         state: RequestIntent | None = req_context.get_state(RequestIntent)
         if state is not None and state.owner is self and state.generation == self._generation:
             return state
-        hint, reason = parse_intent(getattr(req_context, "kv_hints", None))
+        request_id = self.request_name(getattr(req_context, "req_id", ""))
+        # parse_intent never raises; encoding a valid hint cannot either, but whatever a
+        # request holds must not reach vLLM's call as an exception: the hint is ignored.
+        try:
+            hint, reason = parse_intent(getattr(req_context, "kv_hints", None))
+            state = self._encode_intent(request_id, hint)
+        except Exception as exc:
+            reason = f"kv_hints: unusable ({type(exc).__name__})"
+            state = self._encode_intent(request_id, None)
         if reason:
-            self.stats.hints_ignored[reason] += 1
-            log.warning("kvbroker: request %s: kv_hints ignored: %s", getattr(req_context, "req_id", "?"), reason)
-        request_id = str(getattr(req_context, "req_id", "") or "")
-        state = self._encode_intent(request_id, hint)
+            self._hint_ignored(request_id, reason)
         if request_id:
             state.scope_field = events.scope(request_id)
             state.scope_tail = events.allocation_scope(request_id)
         req_context.set_state(state)
         return state
 
+    def request_name(self, req_id: Any) -> str:
+        """A request's name in events (its request_id and scope): its id, or, for an id
+        longer than MAX_REQUEST_ID_BYTES or that is not UTF-8 (a lone surrogate), ``~``
+        and the hex of its blake2b digest: bounded, valid on the wire, and still one name
+        per request (so vLLM's ranking by request holds). "" for a request with no id."""
+        if not req_id:
+            return ""
+        name = req_id if type(req_id) is str else str(req_id)
+        try:
+            data = name.encode()
+        except UnicodeEncodeError:
+            data = b""
+        if data and len(data) <= MAX_REQUEST_ID_BYTES:
+            return name
+        self.stats.request_ids_digested += 1
+        return "~" + hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+    def _hint_ignored(self, request_id: str, reason: str) -> None:
+        """Count an ignored hint by reason (bounded), and log it at most once per HINT_LOG_MS."""
+        ignored = self.stats.hints_ignored
+        ignored[reason if reason in ignored or len(ignored) < HINT_REASONS else "other"] += 1
+        now = time.monotonic_ns() // 1_000_000
+        if now < self._hint_log_ms:
+            self._hints_unlogged += 1
+            return
+        self._hint_log_ms = now + HINT_LOG_MS
+        more = f" ({self._hints_unlogged} more ignored since the last report)" if self._hints_unlogged else ""
+        self._hints_unlogged = 0
+        log.warning("kvbroker: request %s: kv_hints ignored: %s%s", show(request_id), reason, more)
+
     def _encode_intent(self, request_id: str, hint: IntentHint | None) -> RequestIntent:
         if hint is None:
             rest = events.intent_fields(request_id, tenant=self.tenant) if request_id else self._plain_intent
             return RequestIntent(self, self._generation, rest, b"")
-        self.stats.hinted_requests += 1
         self.timestamp()  # the deadline counts from now
         deadline = None if hint.deadline_ms is None else self._ts_ms * 1000 + int(hint.deadline_ms * 1000)
+        if deadline is not None and deadline > MAX_DEADLINE_US:
+            raise OverflowError("deadline_us past int64")  # parse_intent's bound keeps it far below
         rest = events.intent_fields(
             request_id,
             priority=hint.priority,
@@ -262,6 +351,7 @@ class Translator:
             reuse_tokens=hint.expected_reuse_tokens,
             is_draft=hint.is_draft,
         )
+        self.stats.hinted_requests += 1
         return RequestIntent(self, self._generation, rest, update)
 
     # ---- vLLM's CachePolicy ---------------------------------------------------------------
@@ -283,6 +373,9 @@ class Translator:
             state = self.request_intent(req_context)
         # A positioned chunk ranks with its request (vLLM's LRU: (request rank, -position)).
         position = req_context.get_offload_key_position(key) if state.scope_field else None
+        if position is not None and not 0 <= position <= MAX_POSITION:
+            self.stats.positions_ignored += 1
+            position = None  # negative or absurd: a plain use, never a wrong one
         if position is None:
             event = events.allocated(self.timestamp(), field, state.intent_rest)
         else:
@@ -348,6 +441,12 @@ class Translator:
         position = getattr(req_context, "get_offload_key_position", None)
         entries = self.entries
         placed = [(at, key) for key in keys if key in entries and (at := position(key)) is not None] if position is not None else []
+        if placed and not all(0 <= at <= MAX_POSITION for at, _ in placed):
+            # Negative or absurd positions: those keys go as keys with no position do (left
+            # out of the scoped use), never at a wrong one.
+            kept = [(at, key) for at, key in placed if 0 <= at <= MAX_POSITION]
+            self.stats.positions_ignored += len(placed) - len(kept)
+            placed = kept
         # Tails first, then by key bytes (vLLM's order of equal ranks).
         placed.sort(key=lambda p: (-p[0], p[1]))
         fields = [entries[key][2] for _, key in placed]

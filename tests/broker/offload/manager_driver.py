@@ -112,10 +112,11 @@ def random_stream(
     concurrency: int = 4,
     reset_every: int = 0,
     groups: int = 1,
+    req_ids: Callable[[int], str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Run ``steps`` scheduler actions; the trace of every manager answer. ``groups``: KV
     cache groups (a hybrid model's): each token position has one key per group, all with
-    the same position."""
+    the same position. ``req_ids``: request n's id (default ``r{n}``)."""
     rng = random.Random(seed)
     trace: list[tuple[Any, ...]] = []
     active: list[Request] = []
@@ -140,7 +141,9 @@ def random_stream(
                 fresh += 1
                 blocks.append(fresh)
             keys = [key(n, g) for n in blocks for g in range(groups)]
-            ctx = ReqContext(req_id=f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None)
+            ctx = ReqContext(
+                req_id=req_ids(n_req) if req_ids is not None else f"r{n_req}", kv_hints=hints(req_rng) if hints is not None else None
+            )
             if positions:
                 for i, k in enumerate(keys):
                     ctx.set_offload_key_position(k, (i // groups + 1) * 16)
