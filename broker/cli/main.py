@@ -422,9 +422,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"kvbroker replay: --policy: {exc}", file=sys.stderr)
         return 2
-    tails = _check_tails(planned, records) if args.verify else []
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
+    tails = _check_tails(planned, records) if args.verify else []
     if args.csv:
         _write_csv(records, args.csv)
     if args.plot:
@@ -480,8 +480,10 @@ def _warn_torn(url: str) -> None:
 
 def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """--verify: whether each journal holds every batch its writer counted
-    (broker.replay.tail); its records get ``tail`` and ``missing_batches``."""
+    (broker.replay.tail); its records get ``tail`` and ``missing_batches``, a fleet's total
+    rows the worst of its journals' and their sum."""
     from broker.journal import JournalSource
+    from broker.replay.fleet import FLEET
     from broker.replay.tail import check_tail
 
     out = []
@@ -495,6 +497,13 @@ def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tupl
                 record["tail"] = tail.state
                 record["missing_batches"] = tail.missing
         out.append((source.label, tail))
+    if out:
+        states = {tail.state for _, tail in out}
+        worst = next(state for state in ("cut", "unknown", "complete") if state in states)
+        for record in records:
+            if record["source"] == FLEET:
+                record["tail"] = worst
+                record["missing_batches"] = sum(tail.missing for _, tail in out)
     return out
 
 

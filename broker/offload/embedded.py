@@ -89,6 +89,7 @@ class JournalThread:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._journal: Any = None
         self.written = 0
         # The batches appended (the trailer's count), and the first and last batch seq.
         self.batches = 0
@@ -147,7 +148,7 @@ class JournalThread:
                 "about %d queued records are lost",
                 self.url,
                 self._exit_s,
-                len(self._queue),
+                len(self._queue) + (self._journal.pending if self._journal is not None else 0),
             )
 
     def _run(self, url: str, stream: str) -> None:
@@ -165,6 +166,7 @@ class JournalThread:
         # new work once the interpreter is exiting (when the last records are written).
         journal = open_journal(url, stream=stream, maxlen=10_000_000, fsync=False, max_group=512, spool_dir="", inline_file=True)
         await journal.start()
+        self._journal = journal
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._ready.set()
