@@ -74,7 +74,7 @@ class JournalThread:
     Closing writes what is queued and then a trailer (broker.journal.trailer: the batches
     appended), waiting at most ``exit_s`` for the backend; past that (disk full, Redis down)
     the rest is given up and one ERROR line says how many records were lost and from which
-    batch on. The process's exit closes it (see ``_close_at_exit``)."""
+    batch on. The process's exit closes it (see ``close_at_exit``)."""
 
     def __init__(self, url: str, stream: str, flush_s: float, *, exit_s: float = 3.0, client_id: str = "") -> None:
         self.url = url
@@ -102,7 +102,7 @@ class JournalThread:
         self._ready.wait()
         if self._error is not None:
             raise self._error
-        _close_at_exit(self.close)
+        close_at_exit(self.close)
 
     def append(self, record: JournalRecord | tuple[str, int, BatchOutcome]) -> None:
         """Queue a record, or a batch's directives as (client id, batch seq, outcome)."""
@@ -246,7 +246,7 @@ def _batch_seq(item: JournalRecord | tuple[str, int, BatchOutcome]) -> int | Non
     return None
 
 
-def _close_at_exit(close: Callable[[], None]) -> None:
+def close_at_exit(close: Callable[[], None]) -> None:
     """Run ``close`` when the process exits normally.
 
     ``atexit`` covers the main process and spawned children; it runs after the threads

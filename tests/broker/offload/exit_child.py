@@ -10,6 +10,10 @@ It prints ``pid PID`` once batches are flowing (the process to signal), then ``a
   vLLM's engine core does; the loop then raises SystemExit.
 - ``sigterm-fork``: the same in a child made by multiprocessing's fork (vLLM's engine core
   process by default), which leaves with os._exit: no atexit handler runs there.
+- ``vllm-fork``: in a forked child, vLLM's real offloading manager with kvbroker's policy
+  runs a random request stream, prints ``events N buffered B`` (the events the policy made,
+  B of them still in its buffer, not yet applied) and returns: the child's exit must apply
+  and journal them (needs vLLM).
 - ``disk-full``: apply and flush 100 batches, then cap the file size (RLIMIT_FSIZE) at the
   journal's size, so every later write fails as on a full disk; apply 2,000 more and exit.
 - ``redis-down``: apply and flush 100 batches, print ``flushed``, wait for a line on stdin
@@ -66,12 +70,23 @@ def run_until_sigterm(url: str) -> None:
     raise SystemExit(0)
 
 
+def run_vllm_stream(url: str) -> None:
+    from tests.broker.offload import manager_driver
+
+    manager = manager_driver.kvbroker_manager("lru", 64, journal=url, journal_exit_s=2.0)
+    manager_driver.random_stream(manager, 3, 2000)
+    translator = manager._policy.translator
+    buffered = len(translator._buffer)
+    print(f"events {translator.stats.events + buffered} buffered {buffered}", flush=True)
+
+
 def main() -> None:
     mode, url = sys.argv[1], sys.argv[2]
     if mode == "sigterm":
         run_until_sigterm(url)
-    if mode == "sigterm-fork":
-        child = multiprocessing.get_context("fork").Process(target=run_until_sigterm, args=(url,))
+    if mode in ("sigterm-fork", "vllm-fork"):
+        target = run_until_sigterm if mode == "sigterm-fork" else run_vllm_stream
+        child = multiprocessing.get_context("fork").Process(target=target, args=(url,))
         child.start()
         child.join()
         return

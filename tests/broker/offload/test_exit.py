@@ -143,3 +143,24 @@ def test_an_exit_with_redis_down_waits_at_most_journal_exit_s_and_says_what_was_
     line = lost_line(err)
     assert f"lost 4000 records (2000 batches) from batch {seqs[-1] + 1} of client exit-test on" in line, line
     assert applied == 101 + 2000
+
+
+@pytest.mark.vllm
+def test_a_forked_engine_core_applies_and_journals_what_the_policy_buffered(tmp_path: Path) -> None:
+    # vLLM's engine core is a forked child by default: it leaves with os._exit, so the
+    # policy's atexit close (which applies the events it still buffers) never ran there.
+    path = tmp_path / "journal"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.broker.offload.exit_child", "vllm-fork", f"file://{path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    made, buffered = (int(word) for word in done.stdout.split()[1::2])
+    assert buffered > 0  # else the exit had nothing to apply
+    source = JournalSource(str(path))
+    events = sum(read_batch(r.payload).count for r in source.batches())
+    assert events == made + 1  # and the start's `cleared`
+    assert [Trailer.from_record(r).batches for r in source.trailers()] == [len(list(source.batches()))]
