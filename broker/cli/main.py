@@ -358,6 +358,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                     recorded = journal_config(journal)
                 except JournalError as exc:
                     raise BadInput("--journal", str(exc)) from None
+                _warn_torn(url)
                 live_policy = recorded.policy.name if recorded else None
                 if recorded is not None and recorded.policy.split:
                     from broker.model.arms import split_label
@@ -423,6 +424,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
+    tails = _check_tails(planned, records) if args.verify else []
     if args.csv:
         _write_csv(records, args.csv)
     if args.plot:
@@ -449,7 +451,60 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.verify and not any(r["verified"] is not None for r in records):
         print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
         return 1
-    return 0
+    for label, tail in tails:
+        if tail.message:
+            print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
+    return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+
+
+def _warn_torn(url: str) -> None:
+    """Say what a file journal's torn tail cuts (the replay reads up to it), as repair does."""
+    from broker.journal import file_path, is_file_url
+    from broker.journal.file import torn_tail
+
+    if not is_file_url(url):
+        return
+    path = file_path(url)
+    try:
+        torn = torn_tail(path)
+    except (OSError, JournalError):
+        return  # the replay itself reports it
+    if torn is not None:
+        print(
+            f"kvbroker replay: warning: journal {path}: torn tail cut: {torn.bytes_cut} bytes at offset {torn.offset} "
+            f"(1 record cut short) are not replayed; replaying the {torn.records_kept} intact records "
+            f"(`kvbroker repair {path}` cuts it from the file)",
+            file=sys.stderr,
+        )
+
+
+def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """--verify: whether each journal holds every batch its writer counted
+    (broker.replay.tail); its records get ``tail`` and ``missing_batches``, a fleet's total
+    rows the worst of its journals' and their sum."""
+    from broker.journal import JournalSource
+    from broker.replay.fleet import FLEET
+    from broker.replay.tail import check_tail
+
+    out = []
+    for item in planned:
+        source = item.source
+        if source.journal is None:
+            continue
+        tail = check_tail(JournalSource(source.journal, source.stream))
+        for record in records:
+            if record["source"] == source.label:
+                record["tail"] = tail.state
+                record["missing_batches"] = tail.missing
+        out.append((source.label, tail))
+    if out:
+        states = {tail.state for _, tail in out}
+        worst = next(state for state in ("cut", "unknown", "complete") if state in states)
+        for record in records:
+            if record["source"] == FLEET:
+                record["tail"] = worst
+                record["missing_batches"] = sum(tail.missing for _, tail in out)
+    return out
 
 
 def _check_engine(args: argparse.Namespace) -> None:

@@ -56,9 +56,11 @@ def open_journal(
     spool_full: str = "refuse",
     wait_replicas: int = 1,
     redis_timeout_s: float = DEFAULT_TIMEOUT_S,
+    inline_file: bool = False,
 ) -> Journal:
     """The journal a broker writes to, not yet started. ``spool_*``: the local spool of a
     Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none).
+    ``inline_file``: a file journal writes from the loop's thread (FileJournal ``inline``).
     ``wait_replicas``: a Redis Cluster journal's write counts once this many replicas hold it."""
     if url == "none":
         return NullJournal(max_group)
@@ -88,7 +90,7 @@ def open_journal(
             timeout_s=redis_timeout_s,
         )
     if is_file_url(url):
-        return FileJournal(file_path(url), fsync=fsync, max_group=max_group)
+        return FileJournal(file_path(url), fsync=fsync, max_group=max_group, inline=inline_file)
     raise JournalError(unknown_scheme(url))
 
 
@@ -147,10 +149,11 @@ class JournalSource:
         recovery follow: a config change applies between the batches around it)."""
         if is_redis_url(self.url):
             conn, key = self._redis()
-            yield from read_redis_records(conn, key)
-            return
-        for record in read_file_journal(file_path(self.url)):
-            if record.kind != RecordKind.DIRECTIVES:
+            records = read_redis_records(conn, key)
+        else:
+            records = read_file_journal(file_path(self.url))
+        for record in records:
+            if record.kind == RecordKind.BATCH or record.kind == RecordKind.CONFIG:
                 yield record
 
     def batches(self) -> Iterator[JournalRecord]:
@@ -160,6 +163,10 @@ class JournalSource:
     def configs(self) -> Iterator[JournalRecord]:
         """CONFIG records (core config as JSON), in the order written."""
         return self._records(RecordKind.CONFIG)
+
+    def trailers(self) -> Iterator[JournalRecord]:
+        """TRAILER records (broker.journal.trailer): each writer's count, written as it closed."""
+        return self._records(RecordKind.TRAILER)
 
     def directives(self) -> Iterator[JournalRecord]:
         """DirectiveBatch records, one per batch that produced directives, in apply order."""

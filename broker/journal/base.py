@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from abc import ABC, abstractmethod
 
@@ -99,6 +100,20 @@ class Journal(ABC):
             self._wake.set()
             await self._task
         await self._close()
+
+    async def abort(self) -> list[JournalRecord]:
+        """Stop now, without waiting for what is queued (an exit whose wait for the backend
+        is over): the writer task is cancelled, a write in flight with it, and the backend
+        released. Returns the records not written, in order. A cancelled Redis write may
+        still have reached Redis: those records count as not written."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):  # the backend is failing; release what can be
+            await self._close()
+        return list(self._queue)
 
     async def _run(self) -> None:
         backoff = 0.05

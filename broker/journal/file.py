@@ -83,6 +83,26 @@ def read_file_journal(path: str) -> Iterator[JournalRecord]:
 
 
 @dataclasses.dataclass(frozen=True)
+class TornTail:
+    """A file journal's tail that is no whole record (a write cut short): readers stop
+    before it."""
+
+    records_kept: int
+    offset: int
+    bytes_cut: int
+
+
+def torn_tail(path: str) -> TornTail | None:
+    """The torn tail of a file journal, or None when it ends with a whole record."""
+    with open(path, "rb") as f:
+        data = f.read()
+    records, good = scan(data, path)
+    if good >= len(data) or good == 0:  # whole, or no header yet (scan says what is wrong)
+        return None
+    return TornTail(len(records), good, len(data) - good)
+
+
+@dataclasses.dataclass(frozen=True)
 class Repair:
     """What ``repair_file_journal`` found (and, when asked to write, did)."""
 
@@ -166,10 +186,14 @@ def repair_file_journal(path: str, *, write: bool) -> Repair:
 
 
 class FileJournal(Journal):
-    def __init__(self, path: str, *, fsync: bool = False, max_group: int = 512) -> None:
+    def __init__(self, path: str, *, fsync: bool = False, max_group: int = 512, inline: bool = False) -> None:
+        """``inline``: write from the event loop's own thread, for a loop that serves nothing
+        else (the embedded journal thread): no executor is needed, so writes still work at
+        interpreter exit, when concurrent.futures refuses new work."""
         super().__init__(max_group)
         self.path = path
         self.fsync = fsync
+        self.inline = inline
         self._fd = -1
         self._lock_fd = -1
         # Where the next group goes: the end of the last good write.
@@ -211,6 +235,9 @@ class FileJournal(Journal):
 
     async def _write(self, group: list[JournalRecord]) -> None:
         data = b"".join(encode(r) for r in group)
+        if self.inline:
+            self._write_sync(data)
+            return
         # A slow disk must not stall the event loop that serves the streams.
         await asyncio.to_thread(self._write_sync, data)
 

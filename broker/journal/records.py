@@ -1,8 +1,8 @@
 """Journal records and the on-disk framing of the embedded file journal.
 
 A record is one accepted IntentBatch exactly as received (kind BATCH), the
-DirectiveBatch the broker answered it with (kind DIRECTIVES, optional), or the core config
-in force (kind CONFIG), each tagged with the
+DirectiveBatch the broker answered it with (kind DIRECTIVES, optional), the core config
+in force (kind CONFIG), or a writer's closing count (kind TRAILER), each tagged with the
 schema major version and the config generation it was applied under.
 
 File framing, little-endian: the file starts with MAGIC; then per record
@@ -30,6 +30,10 @@ class RecordKind(IntEnum):
     # The core config (JSON) the broker runs under, written at start and on each change, so
     # that a journal replays without being told the tiers it was captured with.
     CONFIG = 3
+    # What one writer appended since it opened the journal (broker.journal.trailer), written
+    # last when it closes, so that ``replay --verify`` can tell a whole journal from one whose
+    # tail was lost. Readers before it refuse a journal holding one ("unknown record kind 4").
+    TRAILER = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

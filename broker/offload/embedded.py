@@ -9,7 +9,8 @@ bytes, the path ``kvbroker serve`` and ``kvbroker replay`` take, and journaled b
 The journals (broker.journal) are asyncio writers; vLLM's scheduler is not. Records go
 into a deque (an append, no lock, no I/O on vLLM's path) that a thread running its own
 event loop drains into the journal every ``journal_flush_ms``. The thread is a daemon; the
-journal is flushed and closed at interpreter exit (and by ``close``).
+journal is flushed, given its trailer and closed when the process exits (and by ``close``),
+within ``journal_exit_s``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import logging
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +29,10 @@ from typing import Any
 from broker.config import core_to_json
 from broker.journal import open_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.journal.trailer import Trailer
 from broker.model.apply import BatchOutcome, apply_batch
 from broker.model.core import Core
-from broker.model.wire import directive_to_pb
+from broker.model.wire import directive_to_pb, read_batch
 from broker.offload import events
 from broker.offload.settings import TIER, OffloadSettings
 from kvbroker.v1 import directive_pb2 as dpb
@@ -65,27 +69,52 @@ class JournalThread:
 
     ``append`` never blocks and does no I/O; the thread writes what was appended every
     ``flush_s`` seconds, in order. Opening the journal happens in ``__init__`` and its error
-    (a bad URL, a file another process holds) is raised there, to the caller."""
+    (a bad URL, a file another process holds) is raised there, to the caller.
 
-    def __init__(self, url: str, stream: str, flush_s: float) -> None:
+    Closing writes what is queued and then a trailer (broker.journal.trailer: the batches
+    appended), waiting at most ``exit_s`` for the backend; past that (disk full, Redis down)
+    the rest is given up and one ERROR line says how many records were lost and from which
+    batch on. The process's exit closes it (see ``close_at_exit``)."""
+
+    def __init__(self, url: str, stream: str, flush_s: float, *, exit_s: float = 3.0, client_id: str = "") -> None:
         self.url = url
         # Records, directives to encode as one (client id, batch seq, outcome), flush marks.
         self._queue: collections.deque[JournalRecord | tuple[str, int, BatchOutcome] | threading.Event] = collections.deque()
         self._flush_s = flush_s
+        self._exit_s = exit_s
+        self._client_id = client_id
         self._stop = False
+        self._closing = False
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._journal: Any = None
         self.written = 0
+        # The batches appended (the trailer's count), and the first and last batch seq.
+        self.batches = 0
+        self._first_seq = 0
+        self._last_seq = 0
+        # Records given up at close (the backend took nothing within exit_s).
+        self.lost = 0
         self._thread = threading.Thread(target=self._run, args=(url, stream), name="kvbroker-journal", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
             raise self._error
-        atexit.register(self.close)
+        close_at_exit(self.close)
 
     def append(self, record: JournalRecord | tuple[str, int, BatchOutcome]) -> None:
         """Queue a record, or a batch's directives as (client id, batch seq, outcome)."""
         self._queue.append(record)
+
+    def append_batch(self, raw: bytes, seq: int) -> None:
+        """Queue a batch (its IntentBatch bytes, numbered ``seq``), counted for the trailer."""
+        if not self.batches:
+            self._first_seq = seq
+        self._last_seq = seq
+        self.batches += 1
+        self._queue.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, 1, raw))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything appended so far is written."""
@@ -97,11 +126,30 @@ class JournalThread:
             raise JournalError(f"journal {self.url}: not written within {timeout} s")
 
     def close(self) -> None:
-        """Write what is queued, close the journal, stop the thread (idempotent)."""
-        if self._stop:
+        """Write what is queued and the trailer, close the journal, stop the thread, waiting
+        at most ``exit_s`` for the backend (idempotent)."""
+        if self._closing:
             return
+        self._closing = True
         self._stop = True
-        self._thread.join(timeout=60)
+        self._thread.join(self._exit_s)
+        if not self._thread.is_alive():
+            return
+        # The backend took nothing more within exit_s: the thread gives up what is queued
+        # (cancelling a write in flight) and logs what was lost.
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(task.cancel)
+        self._thread.join(ABORT_S)
+        if self._thread.is_alive():  # a write blocked in the kernel (a hung disk)
+            log.error(
+                "kvbroker journal %s: not written within %.1f s at exit (kvbroker_journal_exit_s) and a write is stuck; "
+                "about %d queued records are lost",
+                self.url,
+                self._exit_s,
+                len(self._queue) + (self._journal.pending if self._journal is not None else 0),
+            )
 
     def _run(self, url: str, stream: str) -> None:
         try:
@@ -114,19 +162,55 @@ class JournalThread:
                 log.error("kvbroker journal %s stopped: %s", url, exc)
 
     async def _main(self, url: str, stream: str) -> None:
-        journal = open_journal(url, stream=stream, maxlen=10_000_000, fsync=False, max_group=512, spool_dir="")
+        # inline_file: the file is written from this thread, not an executor, which refuses
+        # new work once the interpreter is exiting (when the last records are written).
+        journal = open_journal(url, stream=stream, maxlen=10_000_000, fsync=False, max_group=512, spool_dir="", inline_file=True)
         await journal.start()
+        self._journal = journal
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
         self._ready.set()
         try:
             while True:
                 stopping = self._stop
                 await self._drain(journal)
                 if stopping:
-                    return
+                    break
                 await asyncio.sleep(self._flush_s)
-        finally:
+            if self.batches:
+                journal.append(Trailer(self._client_id, self._first_seq, self._last_seq, self.batches).record(SCHEMA_MAJOR, 1))
             await journal.close()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the cancel was close() giving up; what follows must run
+            self._give_up(journal, await journal.abort())
+        except BaseException:
+            await journal.abort()
+            raise
+        finally:
             self.written = journal.written
+            for item in self._queue:  # nobody waits forever on a journal that stopped
+                if isinstance(item, threading.Event):
+                    item.set()
+
+    def _give_up(self, journal: Any, unwritten: list[JournalRecord]) -> None:
+        """Count what was not written at exit and say so, in one ERROR line."""
+        left = [item for item in self._queue if not isinstance(item, threading.Event)]
+        lost = [*unwritten, *left]
+        self.lost = len(lost)
+        first = next((seq for seq in map(_batch_seq, lost) if seq is not None), None)
+        log.error(
+            "kvbroker journal %s: not written within %.1f s at exit (kvbroker_journal_exit_s; last error: %s): "
+            "lost %d records (%d batches) from batch %s of client %s on; no trailer written",
+            self.url,
+            self._exit_s,
+            journal.last_error or "none",
+            len(lost),
+            sum(1 for r in lost if isinstance(r, JournalRecord) and r.kind == RecordKind.BATCH),
+            first,
+            self._client_id,
+        )
 
     async def _drain(self, journal: Any) -> None:
         queue = self._queue
@@ -144,6 +228,40 @@ class JournalThread:
         self.written = journal.written
         for done in waiting:
             done.set()
+
+
+# How long a close that gave up waits for the journal thread to cancel its write and count
+# what was lost (a cancelled write ends at once unless it is blocked in the kernel).
+ABORT_S = 1.0
+
+
+def _batch_seq(item: JournalRecord | tuple[str, int, BatchOutcome]) -> int | None:
+    """The batch seq a queued journal item belongs to (None: a config or trailer)."""
+    if isinstance(item, tuple):
+        return item[1]
+    if item.kind == RecordKind.BATCH:
+        return read_batch(item.payload).batch_seq
+    if item.kind == RecordKind.DIRECTIVES:
+        return int(dpb.DirectiveBatch.FromString(item.payload).batch_seq)
+    return None
+
+
+def close_at_exit(close: Callable[[], None]) -> None:
+    """Run ``close`` when the process exits normally.
+
+    ``atexit`` covers the main process and spawned children; it runs after the threads
+    that are not daemons have ended, so their last batches are journaled too. A child made
+    by multiprocessing's fork (vLLM's engine core by default: VLLM_WORKER_MULTIPROC_METHOD)
+    leaves with ``os._exit``, which runs no atexit handler, after ``threading._shutdown``,
+    which runs the hooks of ``threading._register_atexit`` (private, but what
+    concurrent.futures relies on too): a child registers there as well. ``close`` is
+    idempotent."""
+    atexit.register(close)
+    if multiprocessing.parent_process() is not None:
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            with contextlib.suppress(RuntimeError):  # already shutting down: atexit remains
+                register(close)
 
 
 class EmbeddedCore:
@@ -168,7 +286,9 @@ class EmbeddedCore:
         self.journal: JournalThread | None = None
         if url != "none":
             stream = settings.journal_stream.replace("{client}", self.client_id)
-            self.journal = JournalThread(url, stream, settings.journal_flush_ms / 1000.0)
+            self.journal = JournalThread(
+                url, stream, settings.journal_flush_ms / 1000.0, exit_s=settings.journal_exit_s, client_id=self.client_id
+            )
             # A start is an empty CPU tier: on a journal an earlier run of this engine wrote,
             # that run's chunks go (before the config, which may size the tier anew).
             self.apply([events.cleared(events.timestamp(time.time_ns() // 1000))])
@@ -185,7 +305,7 @@ class EmbeddedCore:
             log.debug("kvbroker: batch %d: event %d rejected: %s: %s", self.seq, first.index, first.field, first.reason)
         journal = self.journal
         if journal is not None:
-            journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, 1, raw))
+            journal.append_batch(raw, self.seq)
             if outcome.directives:
                 # Encoded by the journal thread, off vLLM's path.
                 journal.append((self.client_id, self.seq, outcome))

@@ -53,6 +53,10 @@ class OffloadSettings:
     journal_stream: str = "kvbroker:{client}:journal"
     # How often the journal thread writes what was recorded (milliseconds).
     journal_flush_ms: float = 50.0
+    # The longest the process's exit waits for the journal to take what is queued (seconds):
+    # past it (disk full, Redis down) the rest is given up and one ERROR line says how many
+    # records were lost, from which batch on.
+    journal_exit_s: float = 3.0
     # The client id of this engine's batches ("{pid}", "{rank}" replaced); a data-parallel
     # rank each its own.
     client_id: str = "vllm"
@@ -179,6 +183,7 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "journal": _journal,
     "journal_stream": _non_empty,
     "journal_flush_ms": _number,
+    "journal_exit_s": _number,
     "client_id": _non_empty,
     "tenant": _text,
     "broker": _text,

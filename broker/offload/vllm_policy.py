@@ -23,7 +23,6 @@ another policy on the same traffic.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +33,7 @@ from typing_extensions import override
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
-from broker.offload.embedded import EmbeddedCore
+from broker.offload.embedded import EmbeddedCore, close_at_exit
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
 from broker.offload.translate import Decider, Translator
 
@@ -104,9 +103,9 @@ class KvbrokerCachePolicy(CachePolicy):
         self.mark_evictable = translator.mark_evictable  # type: ignore[method-assign]
         self.mark_non_evictable = translator.mark_non_evictable  # type: ignore[method-assign]
         self.evict = translator.evict  # type: ignore[method-assign]
-        # At exit, what is buffered goes to the core and the journal (atexit runs this
-        # before the journal thread's own close, registered earlier).
-        atexit.register(self.close)
+        # At exit, what is buffered goes to the core and the journal (this runs before the
+        # journal thread's own close, registered earlier; in vLLM's forked engine core too).
+        close_at_exit(self.close)
         log.info(
             "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s",
             self.settings.policy,

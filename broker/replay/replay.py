@@ -311,7 +311,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
     headers += ["demotes", "drops", "prefetch", "MiB_moved", "verified"]
     rows = []
     for rec in records:
-        verified = "-" if rec["verified"] is None else ("yes" if rec["verified"] else f"NO ({rec['mismatches']})")
+        verified = _verified_label(rec)
         row = [_source_label(rec)] if show_source else []
         row.append(rec["policy"] + (" -intent" if rec.get("intent") == "stripped" else ""))
         if swept:
@@ -340,6 +340,19 @@ def format_table(records: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
     return "\n".join(lines)
+
+
+def _verified_label(rec: dict[str, Any]) -> str:
+    """yes, NO (directives that differ), CUT (batches the journal lacks: ``--verify`` counts
+    them against the writer's trailer) or tail? (whether the tail is whole cannot be told)."""
+    if rec["verified"] is None:
+        return "-"
+    if not rec["verified"]:
+        return f"NO ({rec['mismatches']})"
+    tail = rec.get("tail")
+    if tail == "cut":
+        return f"CUT ({rec['missing_batches']})"
+    return "tail?" if tail == "unknown" else "yes"
 
 
 def _varying_params(records: list[dict[str, Any]]) -> dict[str, set[str]]:

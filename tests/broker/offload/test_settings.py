@@ -14,6 +14,10 @@ def test_defaults_keys_then_environment() -> None:
     got = load_settings({"kvbroker_policy": "s3fifo", "cpu_bytes_to_use": 10, "eviction_policy": "KvbrokerCachePolicy"}, env)
     # The key wins over the variable; the variable over the default; vLLM's own keys are left alone.
     assert (got.policy, got.journal, got.journal_flush_ms) == ("s3fifo", "file:///tmp/x.journal", 20.0)
+    # How long an exit waits for the journal: a few seconds unless set.
+    assert load_settings({}, {}).journal_exit_s == 3.0
+    assert load_settings({}, {"KVBROKER_VLLM_JOURNAL_EXIT_S": "0.5"}).journal_exit_s == 0.5
+    assert load_settings({"kvbroker_journal_exit_s": 10}, {"KVBROKER_VLLM_JOURNAL_EXIT_S": "0.5"}).journal_exit_s == 10.0
     params = load_settings({"kvbroker_policy_params": '{"small_ratio": 0.2}', "kvbroker_policy": "s3fifo"}, {})
     assert params.policy_params == {"small_ratio": 0.2}
 
@@ -29,6 +33,7 @@ def test_defaults_keys_then_environment() -> None:
         ({"kvbroker_mode": "sidecar"}, {}, "kvbroker_broker (or KVBROKER_VLLM_BROKER): required in sidecar mode"),
         ({"kvbroker_journal": "s3://bucket"}, {}, "kv_connector_extra_config.kvbroker_journal: expected none, file://PATH"),
         ({}, {"KVBROKER_VLLM_JOURNAL_FLUSH_MS": "soon"}, "KVBROKER_VLLM_JOURNAL_FLUSH_MS: expected a number"),
+        ({"kvbroker_journal_exit_s": 0}, {}, "kv_connector_extra_config.kvbroker_journal_exit_s: expected a finite number > 0"),
         ({"kvbroker_deadline_ms": -1}, {}, "kv_connector_extra_config.kvbroker_deadline_ms: expected a finite number > 0"),
         ({"kvbroker_policy_params": "{"}, {}, "kv_connector_extra_config.kvbroker_policy_params: not valid JSON"),
         ({"kvbroker_policy": "lru", "kvbroker_policy_params": {"bogus": 1}}, {}, "kv_connector_extra_config.kvbroker_policy_params: "),

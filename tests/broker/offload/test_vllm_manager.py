@@ -266,6 +266,7 @@ def test_the_embedded_journal_replays_with_verify(tmp_path: Path, policy: str, o
     assert run.returncode == 0, run.stderr
     records = {r["policy"]: r for r in json.loads(run.stdout)}
     assert records[policy]["verified"] is True and records[policy]["evictions"] == evicted(trace)
+    assert records[policy]["tail"] == "complete"  # closed: its trailer counts every batch
     assert records[other]["verified"] is None  # another policy on the same traffic: an A/B, not a check
 
 
