@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -41,6 +42,7 @@ from broker.service.security import (
     TenantError,
     Tokens,
     describe_table,
+    drain_requests,
     query_tenant,
     server_credentials,
     stream_tenant,
@@ -131,6 +133,14 @@ def _forged(batch: BatchReader, stamp: int) -> Answer | None:
     return None
 
 
+async def _refuse(context: grpc.aio.ServicerContext, requests: AsyncIterator[bytes], code: grpc.StatusCode, details: str) -> NoReturn:
+    """End a stream with ``code``, after taking what its client is still sending (bounded:
+    broker.service.security.drain_requests says why). Raises, as ``abort`` does."""
+    await drain_requests(requests)
+    await context.abort(code, details)
+    raise AssertionError("not reached: abort raises")
+
+
 def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> Answer:
     out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
     if batch is not None:
@@ -166,19 +176,22 @@ class BrokerServicer:
         try:
             opening = spb.StreamRequest.FromString(first)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
+            await _refuse(context, requests, grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
         if opening.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
-        tenant = await self._tenant(context, opening.hello)
+            await _refuse(context, requests, grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
+        try:
+            tenant = stream_tenant(self._identity(context), opening.hello.tenant, self.access is not None)
+        except TenantError as exc:
+            await _refuse(context, requests, grpc.StatusCode.PERMISSION_DENIED, str(exc))
         try:
             reply = service.hello(opening.hello, self._resume_tenant(tenant, opening.hello))
         except VersionError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await _refuse(context, requests, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         client_id = opening.hello.client_id
         key = (tenant, client_id)
         refusal = self.stream_counts.enter(key, service.config.limits)
         if refusal is not None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            await _refuse(context, requests, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         try:
             yield spb.StreamResponse(hello=reply)
             service.streams += 1
@@ -187,7 +200,7 @@ class BrokerServicer:
                 async for answer in self._answers(requests, client_id, tenant, grant):
                     if isinstance(answer, Revoked):
                         service.revoked_streams += 1
-                        await context.abort(grpc.StatusCode.UNAUTHENTICATED, answer.reason)
+                        await _refuse(context, requests, grpc.StatusCode.UNAUTHENTICATED, answer.reason)
                         return  # not reached: abort raises
                     yield answer  # a StreamResponse's directives (stream_response_bytes)
             finally:
