@@ -377,6 +377,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
         _at(core, ts_us, received, tenant)
         core.allocate(block, t, reuse=reuse)
         if scope:
+            core.open_scope((client, scope), tenant)
             core.place_scoped(block.block_id, (client, scope), block.token_start)
         return
     # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
@@ -388,6 +389,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
     _at(core, ts_us, received, tenant)
     core.allocate(block, t, reuse=reuse)
     if scope:
+        core.open_scope((client, scope), tenant)
         core.place_scoped(block.block_id, (client, scope), block.token_start)
     after = core.blocks[block.block_id].tenant
     if before != after:
@@ -457,6 +459,7 @@ def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: 
     if ts_us > core.clock.now_us:
         _at(core, ts_us, received, tenant)
     if scope:
+        core.open_scope((client, scope), tenant)  # counted against the client's and its tenant's caps
         positions = {block.block_id: position for block, position in zip(blocks, at, strict=True)}
         core.access(blocks, next_use, (client, scope), positions)
     elif refresh:
