@@ -40,6 +40,14 @@ class LimitsConfig:
     # Enforced by the core (CoreConfig): directives remembered for their acks; past it the
     # oldest unacknowledged is forgotten (its ack is then refused as unknown).
     max_outstanding_directives: int = 1_000_000
+    # Tenants (IntentBatch.tenant) one client id may act for: a batch that would add one
+    # more is refused whole (RESOURCE_EXHAUSTED, field tenant). Each costs state kept for
+    # good (its batch_seq, its clock anchor).
+    max_tenants_per_client: int = 16
+    # Tenants the broker keeps state for, as far as batches whose tenant no token fixes
+    # (no authentication, or an admin token) may add them: past it such a batch naming a new
+    # tenant is refused whole (RESOURCE_EXHAUSTED, field tenant).
+    max_tenants: int = 1_024
 
     def toml_lines(self) -> list[str]:
         """The ``[limits]`` table as TOML that ``limits_config_from_dict`` reads back."""
@@ -55,6 +63,8 @@ _COUNTS = (
     "max_batch_work",
     "max_clock_skew_us",
     "max_outstanding_directives",
+    "max_tenants_per_client",
+    "max_tenants",
 )
 
 

@@ -22,6 +22,12 @@ The ``[limits]`` table, each breach refused with the limit named:
 - ``max_batch_work``: a batch asking more block operations than this (``batch_work``) is
   refused whole (RESOURCE_EXHAUSTED, field ``events``), so that no stream waits long for
   another's batch: apply runs on the one event loop that serves every stream.
+- ``max_tenants_per_client``: the tenants (``IntentBatch.tenant``) one client id may act
+  for; ``max_tenants``: the tenants the broker keeps state for, as far as batches whose
+  tenant no token fixes (no authentication, or an admin token) may add them. A batch that
+  would pass either is refused whole (RESOURCE_EXHAUSTED, field ``tenant``): each tenant
+  costs state kept for good (its batch_seq, its clock anchor). Counted by the core
+  (``Core.client_tenants``, ``Core.tenant_clients``), so a restart counts the same.
 - ``max_clock_skew_us`` and ``max_outstanding_directives`` are the core's (CoreConfig).
 
 A limit of 0 means unlimited (``max_message_bytes`` excepted). docs/failure-semantics.md
@@ -35,6 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.config.limits import LimitsConfig
+from broker.model.core import Core
 from broker.model.wire import CLEARED, EVICTION
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -81,6 +88,26 @@ def work_refusal(work: int, limits: LimitsConfig) -> str | None:
         return (
             f"the batch asks {work} block operations, over limits.max_batch_work = {limit} "
             "(one per event, one per block id named, one per block a cleared frees); send it in smaller batches"
+        )
+    return None
+
+
+def tenant_refusal(core: Core, tenant: str, client_id: str, limits: LimitsConfig, from_token: bool) -> str | None:
+    """Why a batch of ``client_id`` acting for ``tenant`` for the first time is refused, or
+    None. ``from_token``: the stream's token fixes the tenant (max_tenants does not apply).
+    O(1)."""
+    limit = limits.max_tenants_per_client
+    held = core.client_tenants.get(client_id, 0)
+    if limit and held >= limit:
+        return (
+            f"client {client_id!r} already acts for {held} tenants, limits.max_tenants_per_client = {limit}; use one client id per tenant"
+        )
+    limit = limits.max_tenants
+    known = len(core.tenant_clients)
+    if limit and not from_token and known >= limit and tenant not in core.tenant_clients:
+        return (
+            f"the broker keeps {known} tenants, limits.max_tenants = {limit}: a tenant no token names cannot be added; "
+            "use bearer tokens (security.tokens_file) for more tenants"
         )
     return None
 

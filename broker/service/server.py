@@ -32,7 +32,7 @@ from broker.model.wire import BatchReader, length_delimited, read_batch, receive
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
 from broker.service.broker_service import Answer, BrokerService, VersionError
-from broker.service.limits import StreamCounts, batch_work, events_refusal, seq_refusal, work_refusal
+from broker.service.limits import StreamCounts, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
 from broker.service.security import (
     Access,
     AuthInterceptor,
@@ -326,6 +326,10 @@ class BrokerServicer:
         core = service.core_for(batch.client_id)
         last = core.client_seq.get(key, 0)
         if batch.batch_seq > last:  # (a duplicate is answered as one by the core)
+            if not last and batch.tenant:  # the client id's first batch for this tenant
+                refusal = tenant_refusal(core, batch.tenant, batch.client_id, limits, from_token=bool(tenant))
+                if refusal is not None:
+                    return self._refused(_batch_error("tenant", refusal, "RESOURCE_EXHAUSTED", batch), "tenants")
             refusal = seq_refusal(batch.batch_seq, last, limits)
             if refusal is not None:
                 return self._refused(_batch_error("batch_seq", refusal, batch=batch), "batch_seq")

@@ -20,6 +20,7 @@ from tests.builders import alloc
 # ---- 11: a stream without a token is UNAUTHENTICATED, every time ------------------------------------
 
 TRIES = 50
+STREAM = "/kvbroker.v1.BrokerService/Stream"
 
 
 async def _refusal(port: int, metadata: tuple[tuple[str, str], ...] | None, pipelined: bool) -> str:
@@ -68,3 +69,65 @@ async def test_a_stream_without_a_token_is_unauthenticated_every_time(tmp_path: 
         assert not broker.service.core.blocks  # and nothing of it was applied
     finally:
         await broker.stop(grace=1)
+
+
+# ---- 9: tenants one client (and no token) may name ----------------------------------------------
+
+
+async def _raw_stream(channel: grpc.aio.Channel, client: str) -> grpc.aio.StreamStreamCall:
+    """A Stream call that sends raw bytes, its hello exchanged."""
+    call = channel.stream_stream(STREAM, request_serializer=None, response_deserializer=spb.StreamResponse.FromString)()
+    await call.write(spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id=client)).SerializeToString())
+    await call.read()
+    return call
+
+
+def _batch(client: str, seq: int, tenant: str, ts: int) -> bytes:
+    b = pb.IntentBatch(client_id=client, batch_seq=seq, tenant=tenant, events=[alloc(f"{tenant}-{client}-{seq}", ts=ts)])
+    return spb.StreamRequest(batch=b).SerializeToString()
+
+
+async def test_tenants_per_client_and_unknown_tenants_are_bounded(tmp_path: Path) -> None:
+    """Without authentication, one stream names a new tenant in each batch (the issue sent
+    100,000). Past limits.max_tenants_per_client (3 here) its batches naming a new tenant
+    are refused whole, field tenant, naming the limit; its known tenants still apply. A
+    second client adds tenants until limits.max_tenants (5) is reached; then a third is
+    refused a new tenant but not a known one. The core keeps state for 5 tenants, not one
+    per batch, and a restarted broker counts the same."""
+    url = f"file://{tmp_path}/t.journal"
+    config = secured_config(tmp_path, limits="max_tenants_per_client = 3\nmax_tenants = 5", journal_url=url)
+    broker = await start_broker(config)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            call = await _raw_stream(channel, "one")
+            answers = []
+            seq: dict[str, int] = {}
+            for i, tenant in enumerate([f"t{n}" for n in range(10)] + ["t0", "t2"]):
+                seq[tenant] = seq.get(tenant, 0) + 1
+                await call.write(_batch("one", seq[tenant], tenant, ts=i + 1))
+                answers.append((await call.read()).directives)
+            accepted = [a.accepted_events for a in answers]
+            assert accepted == [1, 1, 1] + [0] * 7 + [1, 1]
+            refusal = answers[3].rejections[0]
+            assert (refusal.event_index, refusal.field, refusal.code) == (-1, "tenant", "RESOURCE_EXHAUSTED")
+            assert "limits.max_tenants_per_client = 3" in refusal.reason
+            for client, tenants, expected in (("two", ("t0", "t3", "t4"), [1, 1, 1]), ("three", ("t5", "t4"), [0, 1])):
+                call = await _raw_stream(channel, client)
+                got = []
+                for tenant in tenants:
+                    await call.write(_batch(client, 1, tenant, ts=100))
+                    got.append((await call.read()).directives)
+                assert [a.accepted_events for a in got] == expected, got
+            assert "limits.max_tenants = 5" in got[0].rejections[0].reason
+        core = broker.service.core
+        assert set(core.tenant_clients) == {"t0", "t1", "t2", "t3", "t4"}
+        assert set(core.time_anchor) <= {"", "t0", "t1", "t2", "t3", "t4"}
+        assert broker.service.stats().refused_batches["tenants"] == 8
+        counts = (dict(core.client_tenants), dict(core.tenant_clients))
+    finally:
+        await broker.stop(grace=1)
+    again = await start_broker(config)
+    try:
+        assert (dict(again.service.core.client_tenants), dict(again.service.core.tenant_clients)) == counts
+    finally:
+        await again.stop(grace=1)
