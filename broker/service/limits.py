@@ -28,6 +28,10 @@ The ``[limits]`` table, each breach refused with the limit named:
   would pass either is refused whole (RESOURCE_EXHAUSTED, field ``tenant``): each tenant
   costs state kept for good (its batch_seq, its clock anchor). Counted by the core
   (``Core.client_tenants``, ``Core.tenant_clients``), so a restart counts the same.
+- ``max_unread_answer_bytes``: the answers of one stream applied and not yet taken by its
+  client; past it the broker stops reading that stream (``UnreadAnswers``) until the
+  client reads, so gRPC's flow control holds the client back. A client that never reads
+  costs that much memory and the work of the batches it got in, and no other stream waits.
 - ``max_clock_skew_us`` and ``max_outstanding_directives`` are the core's (CoreConfig).
 
 A limit of 0 means unlimited (``max_message_bytes`` excepted). docs/failure-semantics.md
@@ -36,6 +40,7 @@ lists them with their defaults.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -129,6 +134,33 @@ def events_refusal(events: int, limits: LimitsConfig) -> str | None:
     if limit and events > limit:
         return f"{events} events, over limits.max_events_per_batch = {limit}; send them in smaller batches"
     return None
+
+
+class UnreadAnswers:
+    """The bytes of one stream's answers applied and not yet taken by gRPC: the client
+    read them, or its flow-control window had room (a response generator resumes only
+    then). The stream's reader waits (``room``) while they are at least ``limit`` (0: no
+    bound), before it reads the next batch, so what a stream that does not read holds is
+    ``limit`` plus one answer, and its batches stop costing the event loop anything."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self.limit and self.bytes >= self.limit:
+            self._room.clear()
+
+    def taken(self, n: int) -> None:
+        self.bytes -= n
+        if self.bytes < self.limit or not self.limit:
+            self._room.set()
+
+    async def room(self) -> None:
+        await self._room.wait()
 
 
 class StreamCounts:

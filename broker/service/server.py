@@ -32,7 +32,7 @@ from broker.model.wire import BatchReader, length_delimited, read_batch, receive
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
 from broker.service.broker_service import Answer, BrokerService, VersionError
-from broker.service.limits import StreamCounts, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
+from broker.service.limits import StreamCounts, UnreadAnswers, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
 from broker.service.security import (
     Access,
     AuthInterceptor,
@@ -226,7 +226,10 @@ class BrokerServicer:
         flight has them written in one journal group, not one round trip each. An answer
         still leaves only when its batch is durable (ack_after = "journal"), so what a
         client saw acknowledged survives a crash. At most ``STREAM_PIPELINE`` batches wait
-        for their answers; then the reader stops reading (gRPC flow control pushes back).
+        for their answers, and answers of at most ``limits.max_unread_answer_bytes`` wait
+        for the client to take them (``UnreadAnswers``; issue 33, item 10: 30 streams that
+        never read held 441 MiB of answers and slowed everyone's calls); then the reader
+        stops reading (gRPC flow control pushes back on the client).
 
         ``grant``: the stream's bearer token, checked again before each batch once the
         tokens change; a revoked one ends the stream (a ``Revoked`` comes out last, after
@@ -235,6 +238,7 @@ class BrokerServicer:
         journal = self.service.journal
         answers: asyncio.Queue[tuple[Answer, int] | BaseException | Revoked | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_PIPELINE)
+        unread = UnreadAnswers(self.service.config.limits.max_unread_answer_bytes)
 
         async def read() -> None:
             try:
@@ -244,8 +248,11 @@ class BrokerServicer:
                         if revoked is not None:
                             answers.put_nowait(Revoked(revoked))
                             return
-                    answers.put_nowait(self._accept_streamed(raw, client_id, tenant))
+                    item = self._accept_streamed(raw, client_id, tenant)
+                    unread.add(len(item[0].data))
+                    answers.put_nowait(item)
                     await room.acquire()
+                    await unread.room()
             except BaseException as exc:  # the client went away, or a bug: the answerer raises it
                 answers.put_nowait(exc)
                 raise
@@ -266,7 +273,8 @@ class BrokerServicer:
                 if ordinal:
                     await journal.durable(ordinal)
                 room.release()
-                yield answer
+                yield answer  # resumes once gRPC took it: the client read, or had window
+                unread.taken(len(answer.data))
         finally:
             reader.cancel()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -16,6 +16,7 @@ from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
 from kvbroker.v1 import intent_pb2 as pb
 from tests.broker.service.test_security import secured_config, tokens_file
 from tests.builders import alloc
+from tests.conftest import small_config
 
 # ---- 11: a stream without a token is UNAUTHENTICATED, every time ------------------------------------
 
@@ -131,3 +132,75 @@ async def test_tenants_per_client_and_unknown_tenants_are_bounded(tmp_path: Path
         assert (dict(again.service.core.client_tenants), dict(again.service.core.tenant_clients)) == counts
     finally:
         await again.stop(grace=1)
+
+
+# ---- 10: a stream that never reads its answers costs only itself --------------------------------
+
+
+async def _settled(count: Callable[[], int], quiet_s: float = 1.0, limit_s: float = 60.0) -> int:
+    """``count()`` once it has not changed for ``quiet_s`` (or ``limit_s`` passed)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    last, since = count(), loop.time()
+    while loop.time() < end:
+        await asyncio.sleep(0.1)
+        now = count()
+        if now != last:
+            last, since = now, loop.time()
+        elif loop.time() - since >= quiet_s:
+            break
+    return last
+
+
+async def test_a_stream_that_never_reads_its_answers_stops_being_read_and_costs_only_itself(tmp_path: Path) -> None:
+    """A client sends 24 of the largest batches (10,000 events, each rejected: an answer of
+    about 0.85 MB) and reads nothing. The broker applies a few (what gRPC's windows take,
+    plus limits.max_unread_answer_bytes = 1 MiB of answers) and then stops reading the
+    stream: before, it applied 66 and held them all (STREAM_PIPELINE = 64 answers). Another
+    client's GetStats is answered at once meanwhile. When the client reads, the rest is
+    applied and answered, in order, none lost."""
+    broker = await start_broker(small_config())
+    total = 24
+    events = pb.IntentBatch(
+        events=[pb.Event(ts_us=1, accessed=pb.BlocksAccessed(block_ids=[f"no-such-block-{i}"])) for i in range(10_000)]
+    ).SerializeToString()
+    try:
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as slow,
+            grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as other,
+        ):
+            call = await _raw_stream(slow, "slow")
+
+            async def flood() -> None:
+                for seq in range(1, total + 1):
+                    batch = pb.IntentBatch(client_id="slow", batch_seq=seq).SerializeToString() + events
+                    await call.write(b"\x12" + _varint(len(batch)) + batch)  # StreamRequest{batch}
+
+            writer = asyncio.get_running_loop().create_task(flood())
+            core = broker.service.core
+            applied = await _settled(lambda: core.stats.batches)
+            assert 1 <= applied <= 16, applied  # bounded in count; before: 66
+            stats = spb_grpc.BrokerServiceStub(other)
+            for _ in range(10):
+                began = asyncio.get_running_loop().time()
+                await stats.GetStats(spb.GetStatsRequest(), timeout=30)
+                assert asyncio.get_running_loop().time() - began < 1.0  # about 2 ms; a wide margin
+            assert core.stats.batches == applied  # still held back
+            answered = []
+            for _ in range(total):
+                answered.append((await call.read()).directives)
+            await writer
+            assert [a.batch_seq for a in answered] == list(range(1, total + 1))
+            assert all(len(a.rejections) == 10_000 for a in answered)
+            assert core.stats.batches == total
+    finally:
+        await broker.stop(grace=1)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
