@@ -10,12 +10,14 @@ JSON line of what it cost:
 - ``tenants``: one unauthenticated stream names a new tenant in each of N batches;
   batches/s over the first and the last 10% of them, the broker's RSS before and after,
   and the restart time.
+- ``refused``: with bearer tokens on, streams without a token (and with two authorization
+  headers), each on a new channel, write their hello and read: the codes they end with.
 - ``unread``: S streams send the largest batches allowed (10,000 events, each rejected,
   so each answer is large) and never read their answers, for 2T seconds; the broker's RSS
   growth, the slowest GetStats of another client (over all, and over the second T), and
   the batches the broker applied.
 
-    python bench/abuse.py cleared|tenants|unread [--root DIR] [--tenants N] [--streams S] [--seconds T]
+    python bench/abuse.py cleared|tenants|unread|refused [--root DIR] [--tenants N] [--streams S] [--seconds T] [--limits TOML]
 
 Wall-clock figures: noisy on a shared machine.
 """
@@ -43,6 +45,7 @@ from kvbroker.v1 import intent_pb2 as pb  # noqa: E402
 
 STREAM = "/kvbroker.v1.BrokerService/Stream"
 STATS = "/kvbroker.v1.BrokerService/GetStats"
+TOKEN = "acme-token-0123456789abcdef"
 
 
 def free_port() -> int:
@@ -55,13 +58,18 @@ class Broker:
     """A ``kvbroker serve`` of ``root`` on ``journal``; ``start`` returns the seconds it took
     to answer GetStats (a restart replays the journal first)."""
 
-    def __init__(self, root: Path, journal: Path, port: int) -> None:
-        self.root, self.journal, self.port = root, journal, port
+    def __init__(self, root: Path, journal: Path, port: int, limits: str = "", tokens: bool = False) -> None:
+        self.root, self.journal, self.port, self.limits = root, journal, port, limits
+        self.tokens = journal.with_suffix(".tokens") if tokens else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> float:
         config = self.journal.with_suffix(".toml")
-        config.write_text(f'[broker]\nlisten = "127.0.0.1:{self.port}"\n[journal]\nurl = "file://{self.journal}"\n')
+        limits = f"[limits]\n{self.limits}\n" if self.limits else ""
+        if self.tokens is not None:
+            self.tokens.write_text(f"{TOKEN} acme\n")
+            limits += f'[security]\ntokens_file = "{self.tokens}"\n'
+        config.write_text(f'[broker]\nlisten = "127.0.0.1:{self.port}"\n[journal]\nurl = "file://{self.journal}"\n{limits}')
         code = "import sys; from broker.cli.main import main; sys.argv[0] = 'kvbroker'; sys.exit(main())"
         env = {**os.environ, "PYTHONPATH": str(self.root)}
         began = time.perf_counter()
@@ -75,9 +83,12 @@ class Broker:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as ch:
             while True:
                 try:
-                    await ch.unary_unary(STATS, request_serializer=None, response_deserializer=None)(b"", timeout=5)
+                    metadata = (("authorization", f"Bearer {TOKEN}"),) if self.tokens is not None else None
+                    await ch.unary_unary(STATS, request_serializer=None, response_deserializer=None)(b"", timeout=5, metadata=metadata)
                     return time.perf_counter() - began
-                except grpc.aio.AioRpcError:
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:  # up, and GetStats needs an admin token
+                        return time.perf_counter() - began
                     if self.proc.poll() is not None:
                         raise RuntimeError(f"the broker exited with {self.proc.returncode}") from None
                     await asyncio.sleep(0.1)
@@ -262,20 +273,48 @@ async def case_unread(broker: Broker, streams: int, seconds: float) -> dict[str,
     }
 
 
+async def case_refused(broker: Broker, tries: int) -> dict[str, object]:
+    """Streams without a token (and with two authorization headers), each on a new channel
+    as a client that starts: write the hello, then read. The codes they end with."""
+    codes: dict[str, dict[str, int]] = {}
+    two = (("authorization", "Bearer x"), ("authorization", "Bearer y"))
+    for name, metadata in (("no_token", None), ("two_headers", two)):
+        seen = codes[name] = {}
+        for _ in range(tries):
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as ch:
+                call = ch.stream_stream(STREAM, request_serializer=None, response_deserializer=None)(metadata=metadata)
+                try:
+                    await call.write(spb.StreamRequest(hello=spb.Hello(schema_major=1, client_id="e")).SerializeToString())
+                    await call.read()
+                    code = "OK"
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code().name
+                except asyncio.InvalidStateError:  # the write met the ended call: its status counts
+                    code = (await call.code()).name
+            seen[code] = seen.get(code, 0) + 1
+    return {"tries": tries, "codes": codes}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=("cleared", "tenants", "unread"))
+    parser.add_argument("case", choices=("cleared", "tenants", "unread", "refused"))
     parser.add_argument("--root", type=Path, default=HERE, help="the checkout whose broker runs (default: this one)")
     parser.add_argument("--tenants", type=int, default=30_000)
+    parser.add_argument("--tries", type=int, default=50)
     parser.add_argument("--streams", type=int, default=30)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--limits", default="", help='lines of the [limits] table, e.g. "max_tenants_per_client = 0"')
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        broker = Broker(args.root.resolve(), Path(tmp) / "abuse.journal", free_port())
+        broker = Broker(
+            args.root.resolve(), Path(tmp) / "abuse.journal", free_port(), args.limits.replace("\\n", "\n"), args.case == "refused"
+        )
         await broker.start()
         try:
             if args.case == "cleared":
                 result = await case_cleared(broker)
+            elif args.case == "refused":
+                result = await case_refused(broker, args.tries)
             elif args.case == "tenants":
                 result = await case_tenants(broker, args.tenants)
             else:

@@ -43,11 +43,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config.limits import LimitsConfig
-from broker.model.core import Core
 from broker.model.wire import CLEARED, EVICTION
+
+if TYPE_CHECKING:
+    from broker.model.core import Core
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # An event: its own cost, plus one per block id it names.
