@@ -22,7 +22,7 @@ class LimitsConfig:
     # Enforced by the core: config_from_dict copies it into CoreConfig, which replay sees.
     max_blocks_per_tenant: int = 0
     # Open streams of the whole broker (each one that does not read its answers holds up
-    # to about 14 MiB of them): one more is refused with RESOURCE_EXHAUSTED.
+    # to max_unread_answer_bytes of them, plus one): one more is refused with RESOURCE_EXHAUSTED.
     max_streams: int = 256
     # New streams are refused while the broker's resident memory is above this (0: off).
     max_rss_bytes: int = 0
@@ -40,6 +40,19 @@ class LimitsConfig:
     # Enforced by the core (CoreConfig): directives remembered for their acks; past it the
     # oldest unacknowledged is forgotten (its ack is then refused as unknown).
     max_outstanding_directives: int = 1_000_000
+    # Tenants (IntentBatch.tenant) one client id may act for: a batch that would add one
+    # more is refused whole (RESOURCE_EXHAUSTED, field tenant). Each costs state kept for
+    # good (its batch_seq, its clock anchor).
+    max_tenants_per_client: int = 16
+    # Tenants the broker keeps state for, as far as batches whose tenant no token fixes
+    # (no authentication, or an admin token) may add them: past it such a batch naming a new
+    # tenant is refused whole (RESOURCE_EXHAUSTED, field tenant).
+    max_tenants: int = 1_024
+    # Answers of one stream applied and not yet taken by its client, in bytes: past it the
+    # broker reads none of that stream's batches until the client reads (at least one
+    # answer always goes). A client that never reads its answers costs this much and the
+    # work of the batches it got in, no more (0: no bound but the count, 64 answers).
+    max_unread_answer_bytes: int = 2**20
 
     def toml_lines(self) -> list[str]:
         """The ``[limits]`` table as TOML that ``limits_config_from_dict`` reads back."""
@@ -55,6 +68,8 @@ _COUNTS = (
     "max_batch_work",
     "max_clock_skew_us",
     "max_outstanding_directives",
+    "max_tenants_per_client",
+    "max_tenants",
 )
 
 
@@ -66,6 +81,11 @@ def limits_config_from_dict(table: dict[str, Any]) -> LimitsConfig:
     d = LimitsConfig()
     message = parse_size(t.pop("max_message_bytes"), "limits.max_message_bytes") if "max_message_bytes" in t else d.max_message_bytes
     rss = parse_size(t.pop("max_rss_bytes"), "limits.max_rss_bytes") if "max_rss_bytes" in t else d.max_rss_bytes
+    unread = (
+        parse_size(t.pop("max_unread_answer_bytes"), "limits.max_unread_answer_bytes")
+        if "max_unread_answer_bytes" in t
+        else d.max_unread_answer_bytes
+    )
     counts: dict[str, int] = {}
     for key in _COUNTS:
         value = t.pop(key, getattr(d, key))
@@ -80,4 +100,4 @@ def limits_config_from_dict(table: dict[str, Any]) -> LimitsConfig:
         raise ConfigError(f"limits.max_message_bytes: must be in 1KiB..2GiB-1 (gRPC's range), got {message}")
     if counts["max_outstanding_directives"] == 0:
         raise ConfigError("limits.max_outstanding_directives: must be >= 1 (acks need their directives remembered)")
-    return LimitsConfig(max_message_bytes=message, max_rss_bytes=rss, **counts)
+    return LimitsConfig(max_message_bytes=message, max_rss_bytes=rss, max_unread_answer_bytes=unread, **counts)

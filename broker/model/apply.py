@@ -118,6 +118,12 @@ def client_key(tenant: str, client_id: str) -> str:
     return f"{tenant}\x00{client_id}" if tenant else client_id
 
 
+def count_tenant(core: Core, tenant: str, client_id: str) -> None:
+    """A client id acts for ``tenant`` for the first time (Core.client_tenants)."""
+    core.client_tenants[client_id] = core.client_tenants.get(client_id, 0) + 1
+    core.tenant_clients[tenant] = core.tenant_clients.get(tenant, 0) + 1
+
+
 def check_batch(core: Core, client_id: str, batch_seq: int, tenant: str) -> BatchOutcome | None:
     """Batch-level checks; returns the outcome when the batch must not be applied."""
     if not client_id:
@@ -141,6 +147,8 @@ def apply_batch(core: Core, batch: BatchReader | pb.IntentBatch | bytes) -> Batc
     if refused is not None:
         return refused
     client = client_key(tenant, reader.client_id)
+    if tenant and client not in core.client_seq:
+        count_tenant(core, tenant, reader.client_id)
     core.client_seq[client] = reader.batch_seq
     core.stats.batches += 1
     rejections: list[Rejection] = []
@@ -228,7 +236,7 @@ def _check_skew(core: Core, ts_us: int, received: int, skew: int, tenant: str) -
     if anchor is None:
         if not anchors:
             return
-        anchor = min(anchors.values())
+        anchor = core.least_anchor
     ahead = ts_us - received - anchor
     if ahead > skew:
         raise EventError(
@@ -244,9 +252,12 @@ def _at(core: Core, ts_us: int, received: int, tenant: str) -> None:
     if ts_us > core.clock.now_us:
         if received:
             lead = ts_us - received
-            anchor = core.time_anchor.get(tenant)
+            anchors = core.time_anchor
+            anchor = anchors.get(tenant)
             if anchor is None or lead < anchor:
-                core.time_anchor[tenant] = lead
+                if not anchors or lead < core.least_anchor:
+                    core.least_anchor = lead
+                anchors[tenant] = lead
         core.advance(ts_us)
 
 
@@ -377,6 +388,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
         _at(core, ts_us, received, tenant)
         core.allocate(block, t, reuse=reuse)
         if scope:
+            core.open_scope((client, scope), tenant)
             core.place_scoped(block.block_id, (client, scope), block.token_start)
         return
     # A new block, or prefix reuse that moves a cached block to this tenant, adds one.
@@ -388,6 +400,7 @@ def _allocated(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us:
     _at(core, ts_us, received, tenant)
     core.allocate(block, t, reuse=reuse)
     if scope:
+        core.open_scope((client, scope), tenant)
         core.place_scoped(block.block_id, (client, scope), block.token_start)
     after = core.blocks[block.block_id].tenant
     if before != after:
@@ -457,6 +470,7 @@ def _accessed(core: Core, ev: tuple[Any, ...], client: str, tenant: str, ts_us: 
     if ts_us > core.clock.now_us:
         _at(core, ts_us, received, tenant)
     if scope:
+        core.open_scope((client, scope), tenant)  # counted against the client's and its tenant's caps
         positions = {block.block_id: position for block, position in zip(blocks, at, strict=True)}
         core.access(blocks, next_use, (client, scope), positions)
     elif refresh:

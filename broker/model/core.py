@@ -38,10 +38,14 @@ class DirectiveKind(IntEnum):
 
 
 _KIND_NAMES: Final = {kind: kind.name.lower() for kind in DirectiveKind}
-# Open request scopes kept at most (a client that never ends its scopes must not grow the
-# policies' orders without bound): past it, the oldest open scope ends. An engine has far
-# fewer requests running at once (vLLM's max_num_seqs is at most a few thousand).
+# Open request scopes kept at most per client (a client that never ends its scopes must not
+# grow the policies' orders without bound): past it, that client's oldest open scope ends.
+# An engine has far fewer requests running at once (vLLM's max_num_seqs is at most a few
+# thousand), so an engine is never cut short: its scoped events all apply, as vLLM's do.
 MAX_OPEN_SCOPES: Final = 65_536
+# And per tenant (the clients of one tenant together: several engines, or ranks): past it,
+# that tenant's oldest open scope ends. Never another tenant's (issue 33, item 8).
+MAX_OPEN_SCOPES_PER_TENANT: Final = 4 * MAX_OPEN_SCOPES
 # A scoped access without positions (every block at position 0); read only. One object, so
 # that a plain access (the hot path) makes no dict.
 _NO_POSITIONS: Final[dict[str, int]] = {}
@@ -173,6 +177,20 @@ class RequestBlocks:
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
+class ClientScopes:
+    """The open scopes of one client (``Core.client_scopes``), oldest first, and the
+    tenant it acts for: its ``cleared`` ends its own scopes without looking at any other
+    client's, and its cap ends its own oldest."""
+
+    __slots__ = ("tenant", "requests")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        # An OrderedDict: dropping the oldest of a plain dict walks every slot deleted before it.
+        self.requests: OrderedDict[str, None] = OrderedDict()
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # copyable when compiled: see policies.base.Block
 class OwnedBlocks:
     """The ids of the blocks one client owns (``Core.by_owner``), so that its ``cleared``
     costs its own blocks, not a scan of every tenant's.
@@ -235,9 +253,25 @@ class Core:
         self._scope_use: dict[str, int] = {}
         self._ghost_bytes = 0
         self._ghost_limit = 0
+        # The same scopes by client and by tenant, oldest first, for the caps and a client's
+        # clear (O(its own scopes); one with none: O(1)).
+        self.client_scopes: dict[str, ClientScopes] = {}
+        self.tenant_scopes: dict[str, OrderedDict[tuple[str, str], None]] = {}
+        # The caps (MAX_OPEN_SCOPES, MAX_OPEN_SCOPES_PER_TENANT); attributes so that a test
+        # can make them small.
+        self.max_scopes_per_client: int = MAX_OPEN_SCOPES
+        self.max_scopes_per_tenant: int = MAX_OPEN_SCOPES_PER_TENANT
         # limits.max_clock_skew_us: per tenant, the least (ts_us - received_us) of its events
         # that moved the clock; an event may run at most the skew ahead of its tenant's.
         self.time_anchor: dict[str, int] = {}
+        # The least of time_anchor's values (anchors only ever go down), so that a tenant's
+        # first event is checked in O(1), not O(tenants) (issue 33, item 9).
+        self.least_anchor: int = 0
+        # Tenants batches act for (IntentBatch.tenant, when set), counted as client_seq
+        # gains a key (broker.model.apply): client id -> its tenants, tenant -> its client
+        # ids. broker.service.limits bounds them (limits.max_tenants_per_client, max_tenants).
+        self.client_tenants: dict[str, int] = {}
+        self.tenant_clients: dict[str, int] = {}
         # Blocks per tenant while limits.max_blocks_per_tenant is set (broker.service.limits keeps it).
         self.tenant_blocks: dict[str, int] | None = None
         self.stats = CoreStats(len(self.tiers))
@@ -950,24 +984,52 @@ class Core:
         if hot:
             self.tiers[0].policy.refresh(hot)
 
-    def open_scope(self, scope: tuple[str, str]) -> int:
-        """The rank of a request scope, opened now (at this event's index) if it is not
-        open: every tier's policy learns of it. Past MAX_OPEN_SCOPES the oldest ends."""
+    def open_scope(self, scope: tuple[str, str], tenant: str = "") -> int:
+        """The rank of a request scope (client, request), opened now (at this event's index)
+        if it is not open: every tier's policy learns of it. ``tenant``: the tenant the
+        client acts for (its first scope's counts; broker.model.apply opens each scope with
+        it). Past MAX_OPEN_SCOPES of the client, the client's oldest ends; past
+        MAX_OPEN_SCOPES_PER_TENANT of its tenant, the tenant's oldest. O(1)."""
         rank = self.scopes.get(scope)
         if rank is None:
-            if len(self.scopes) >= MAX_OPEN_SCOPES:
-                self.end_scope(next(iter(self.scopes)))
+            client = scope[0]
+            mine = self.client_scopes.get(client)
+            if mine is None:
+                mine = ClientScopes(tenant)
+                self.client_scopes[client] = mine
+            elif len(mine.requests) >= self.max_scopes_per_client:
+                self.end_scope((client, next(iter(mine.requests))))
+            theirs = self.tenant_scopes.get(mine.tenant)
+            if theirs is None:
+                theirs = OrderedDict()
+                self.tenant_scopes[mine.tenant] = theirs
+            elif len(theirs) >= self.max_scopes_per_tenant:
+                self.end_scope(next(iter(theirs)))
             rank = self.clock.event_index
             self.scopes[scope] = rank
+            # (Set again: an end above may have emptied and dropped them.)
+            self.client_scopes[client] = mine
+            self.tenant_scopes[mine.tenant] = theirs
+            mine.requests[scope[1]] = None
+            theirs[scope] = None
             for tier in self.tiers:
                 tier.policy.scope_opened(rank)
         return rank
 
     def end_scope(self, scope: tuple[str, str]) -> None:
         """``BlocksAccessed.ends_scope``, or the client's clear: its rank is forgotten (its
-        blocks keep their place); a later use of the name opens it again."""
+        blocks keep their place); a later use of the name opens it again. O(1)."""
         rank = self.scopes.pop(scope, None)
         if rank is not None:
+            client = scope[0]
+            mine = self.client_scopes[client]
+            del mine.requests[scope[1]]
+            if not mine.requests:
+                del self.client_scopes[client]
+            theirs = self.tenant_scopes[mine.tenant]
+            del theirs[scope]
+            if not theirs:
+                del self.tenant_scopes[mine.tenant]
             for tier in self.tiers:
                 tier.policy.scope_ended(rank)
 
@@ -987,8 +1049,10 @@ class Core:
         """The client dropped every block it had (engine restart); returns them, in the
         order it came to own them. O(the client's blocks), whatever other clients hold.
         Its request scopes end."""
-        for scope in [s for s in self.scopes if s[0] == owner]:
-            self.end_scope(scope)
+        scopes = self.client_scopes.get(owner)
+        if scopes is not None:
+            for request in list(scopes.requests):
+                self.end_scope((owner, request))
         entry = self.by_owner.get(owner)
         if entry is None:
             return []

@@ -22,6 +22,16 @@ The ``[limits]`` table, each breach refused with the limit named:
 - ``max_batch_work``: a batch asking more block operations than this (``batch_work``) is
   refused whole (RESOURCE_EXHAUSTED, field ``events``), so that no stream waits long for
   another's batch: apply runs on the one event loop that serves every stream.
+- ``max_tenants_per_client``: the tenants (``IntentBatch.tenant``) one client id may act
+  for; ``max_tenants``: the tenants the broker keeps state for, as far as batches whose
+  tenant no token fixes (no authentication, or an admin token) may add them. A batch that
+  would pass either is refused whole (RESOURCE_EXHAUSTED, field ``tenant``): each tenant
+  costs state kept for good (its batch_seq, its clock anchor). Counted by the core
+  (``Core.client_tenants``, ``Core.tenant_clients``), so a restart counts the same.
+- ``max_unread_answer_bytes``: the answers of one stream applied and not yet taken by its
+  client; past it the broker stops reading that stream (``UnreadAnswers``) until the
+  client reads, so gRPC's flow control holds the client back. A client that never reads
+  costs that much memory and the work of the batches it got in, and no other stream waits.
 - ``max_clock_skew_us`` and ``max_outstanding_directives`` are the core's (CoreConfig).
 
 A limit of 0 means unlimited (``max_message_bytes`` excepted). docs/failure-semantics.md
@@ -30,12 +40,16 @@ lists them with their defaults.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.config.limits import LimitsConfig
 from broker.model.wire import CLEARED, EVICTION
+
+if TYPE_CHECKING:
+    from broker.model.core import Core
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 # An event: its own cost, plus one per block id it names.
@@ -85,6 +99,26 @@ def work_refusal(work: int, limits: LimitsConfig) -> str | None:
     return None
 
 
+def tenant_refusal(core: Core, tenant: str, client_id: str, limits: LimitsConfig, from_token: bool) -> str | None:
+    """Why a batch of ``client_id`` acting for ``tenant`` for the first time is refused, or
+    None. ``from_token``: the stream's token fixes the tenant (max_tenants does not apply).
+    O(1)."""
+    limit = limits.max_tenants_per_client
+    held = core.client_tenants.get(client_id, 0)
+    if limit and held >= limit:
+        return (
+            f"client {client_id!r} already acts for {held} tenants, limits.max_tenants_per_client = {limit}; use one client id per tenant"
+        )
+    limit = limits.max_tenants
+    known = len(core.tenant_clients)
+    if limit and not from_token and known >= limit and tenant not in core.tenant_clients:
+        return (
+            f"the broker keeps {known} tenants, limits.max_tenants = {limit}: a tenant no token names cannot be added; "
+            "use bearer tokens (security.tokens_file) for more tenants"
+        )
+    return None
+
+
 def seq_refusal(batch_seq: int, last: int, limits: LimitsConfig) -> str | None:
     """Why a batch_seq is refused (a jump past the gap), or None."""
     gap = limits.max_batch_seq_gap
@@ -102,6 +136,33 @@ def events_refusal(events: int, limits: LimitsConfig) -> str | None:
     if limit and events > limit:
         return f"{events} events, over limits.max_events_per_batch = {limit}; send them in smaller batches"
     return None
+
+
+class UnreadAnswers:
+    """The bytes of one stream's answers applied and not yet taken by gRPC: the client
+    read them, or its flow-control window had room (a response generator resumes only
+    then). The stream's reader waits (``room``) while they are at least ``limit`` (0: no
+    bound), before it reads the next batch, so what a stream that does not read holds is
+    ``limit`` plus one answer, and its batches stop costing the event loop anything."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        if self.limit and self.bytes >= self.limit:
+            self._room.clear()
+
+    def taken(self, n: int) -> None:
+        self.bytes -= n
+        if self.bytes < self.limit or not self.limit:
+            self._room.set()
+
+    async def room(self) -> None:
+        await self._room.wait()
 
 
 class StreamCounts:

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -31,7 +32,7 @@ from broker.model.wire import BatchReader, length_delimited, read_batch, receive
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
 from broker.service.broker_service import Answer, BrokerService, VersionError
-from broker.service.limits import StreamCounts, batch_work, events_refusal, seq_refusal, work_refusal
+from broker.service.limits import StreamCounts, UnreadAnswers, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
 from broker.service.security import (
     Access,
     AuthInterceptor,
@@ -41,6 +42,7 @@ from broker.service.security import (
     TenantError,
     Tokens,
     describe_table,
+    drain_requests,
     query_tenant,
     server_credentials,
     stream_tenant,
@@ -131,6 +133,14 @@ def _forged(batch: BatchReader, stamp: int) -> Answer | None:
     return None
 
 
+async def _refuse(context: grpc.aio.ServicerContext, requests: AsyncIterator[bytes], code: grpc.StatusCode, details: str) -> NoReturn:
+    """End a stream with ``code``, after taking what its client is still sending (bounded:
+    broker.service.security.drain_requests says why). Raises, as ``abort`` does."""
+    await drain_requests(requests)
+    await context.abort(code, details)
+    raise AssertionError("not reached: abort raises")
+
+
 def _batch_error(field: str, reason: str, code: str = "INVALID_ARGUMENT", batch: BatchReader | None = None) -> Answer:
     out = dpb.DirectiveBatch(rejections=[dpb.EventRejection(event_index=-1, field=field, reason=reason, code=code)])
     if batch is not None:
@@ -166,19 +176,22 @@ class BrokerServicer:
         try:
             opening = spb.StreamRequest.FromString(first)
         except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
+            await _refuse(context, requests, grpc.StatusCode.INVALID_ARGUMENT, f"malformed StreamRequest: {exc}")
         if opening.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
-        tenant = await self._tenant(context, opening.hello)
+            await _refuse(context, requests, grpc.StatusCode.FAILED_PRECONDITION, "the first message of a stream must be a hello")
+        try:
+            tenant = stream_tenant(self._identity(context), opening.hello.tenant, self.access is not None)
+        except TenantError as exc:
+            await _refuse(context, requests, grpc.StatusCode.PERMISSION_DENIED, str(exc))
         try:
             reply = service.hello(opening.hello, self._resume_tenant(tenant, opening.hello))
         except VersionError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await _refuse(context, requests, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         client_id = opening.hello.client_id
         key = (tenant, client_id)
         refusal = self.stream_counts.enter(key, service.config.limits)
         if refusal is not None:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            await _refuse(context, requests, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         try:
             yield spb.StreamResponse(hello=reply)
             service.streams += 1
@@ -187,7 +200,7 @@ class BrokerServicer:
                 async for answer in self._answers(requests, client_id, tenant, grant):
                     if isinstance(answer, Revoked):
                         service.revoked_streams += 1
-                        await context.abort(grpc.StatusCode.UNAUTHENTICATED, answer.reason)
+                        await _refuse(context, requests, grpc.StatusCode.UNAUTHENTICATED, answer.reason)
                         return  # not reached: abort raises
                     yield answer  # a StreamResponse's directives (stream_response_bytes)
             finally:
@@ -213,7 +226,10 @@ class BrokerServicer:
         flight has them written in one journal group, not one round trip each. An answer
         still leaves only when its batch is durable (ack_after = "journal"), so what a
         client saw acknowledged survives a crash. At most ``STREAM_PIPELINE`` batches wait
-        for their answers; then the reader stops reading (gRPC flow control pushes back).
+        for their answers, and answers of at most ``limits.max_unread_answer_bytes`` wait
+        for the client to take them (``UnreadAnswers``; issue 33, item 10: 30 streams that
+        never read held 441 MiB of answers and slowed everyone's calls); then the reader
+        stops reading (gRPC flow control pushes back on the client).
 
         ``grant``: the stream's bearer token, checked again before each batch once the
         tokens change; a revoked one ends the stream (a ``Revoked`` comes out last, after
@@ -222,6 +238,7 @@ class BrokerServicer:
         journal = self.service.journal
         answers: asyncio.Queue[tuple[Answer, int] | BaseException | Revoked | None] = asyncio.Queue()
         room = asyncio.Semaphore(STREAM_PIPELINE)
+        unread = UnreadAnswers(self.service.config.limits.max_unread_answer_bytes)
 
         async def read() -> None:
             try:
@@ -231,8 +248,11 @@ class BrokerServicer:
                         if revoked is not None:
                             answers.put_nowait(Revoked(revoked))
                             return
-                    answers.put_nowait(self._accept_streamed(raw, client_id, tenant))
+                    item = self._accept_streamed(raw, client_id, tenant)
+                    unread.add(len(item[0].data))
+                    answers.put_nowait(item)
                     await room.acquire()
+                    await unread.room()
             except BaseException as exc:  # the client went away, or a bug: the answerer raises it
                 answers.put_nowait(exc)
                 raise
@@ -253,7 +273,8 @@ class BrokerServicer:
                 if ordinal:
                     await journal.durable(ordinal)
                 room.release()
-                yield answer
+                yield answer  # resumes once gRPC took it: the client read, or had window
+                unread.taken(len(answer.data))
         finally:
             reader.cancel()
 
@@ -313,6 +334,10 @@ class BrokerServicer:
         core = service.core_for(batch.client_id)
         last = core.client_seq.get(key, 0)
         if batch.batch_seq > last:  # (a duplicate is answered as one by the core)
+            if not last and batch.tenant:  # the client id's first batch for this tenant
+                refusal = tenant_refusal(core, batch.tenant, batch.client_id, limits, from_token=bool(tenant))
+                if refusal is not None:
+                    return self._refused(_batch_error("tenant", refusal, "RESOURCE_EXHAUSTED", batch), "tenants")
             refusal = seq_refusal(batch.batch_seq, last, limits)
             if refusal is not None:
                 return self._refused(_batch_error("batch_seq", refusal, batch=batch), "batch_seq")
