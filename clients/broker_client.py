@@ -624,7 +624,10 @@ class BrokerClient:
         # Oldest first: written batches, then those waiting to be.
         waiting = [b.future for b in (*self._inflight.values(), *self._unsent)]
         if waiting:
-            await asyncio.wait([asyncio.shield(f) for f in waiting])
+            # asyncio.wait leaves the futures as they are when this wait is cancelled (a
+            # close's time is up): no shield, whose outer future would later be set with the
+            # batch's exception and logged as "never retrieved", once per batch.
+            await asyncio.wait(waiting)
         self._raise_refusals()
         if not waiting:
             return None
@@ -768,6 +771,10 @@ class BrokerClient:
                         conn = await self._open()
                     except _Refused as exc:
                         self._fail(BrokerError(str(exc)))
+                        return
+                    except ValueError as exc:  # a certificate or key file that cannot be read: no retry mends it
+                        self.counters.connect_failures += 1
+                        self._fail(BrokerError(f"cannot connect to {self.target}: {exc}"))
                         return
                     except (grpc.aio.AioRpcError, TimeoutError, OSError, ConnectionError) as exc:
                         self.counters.connect_failures += 1
