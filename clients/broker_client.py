@@ -624,9 +624,10 @@ class BrokerClient:
         # Oldest first: written batches, then those waiting to be.
         waiting = [b.future for b in (*self._inflight.values(), *self._unsent)]
         if waiting:
-            # asyncio.wait leaves the futures as they are when this wait is cancelled (a
-            # close's time is up): no shield, whose outer future would later be set with the
-            # batch's exception and logged as "never retrieved", once per batch.
+            # asyncio.wait never cancels what it waits for, so a flush cut short by its timeout
+            # leaves the batches alone. (A shield per future did too, but a shield outlived its
+            # flush and took the batch's later error, which nobody then read: "Future exception
+            # was never retrieved" after a TimeoutError when the broker was down.)
             await asyncio.wait(waiting)
         self._raise_refusals()
         if not waiting:
