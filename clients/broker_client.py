@@ -624,7 +624,11 @@ class BrokerClient:
         # Oldest first: written batches, then those waiting to be.
         waiting = [b.future for b in (*self._inflight.values(), *self._unsent)]
         if waiting:
-            await asyncio.wait([asyncio.shield(f) for f in waiting])
+            # asyncio.wait never cancels what it waits for, so a flush cut short by its timeout
+            # leaves the batches alone. (A shield per future did too, but a shield outlived its
+            # flush and took the batch's later error, which nobody then read: "Future exception
+            # was never retrieved" after a TimeoutError when the broker was down.)
+            await asyncio.wait(waiting)
         self._raise_refusals()
         if not waiting:
             return None
@@ -768,6 +772,10 @@ class BrokerClient:
                         conn = await self._open()
                     except _Refused as exc:
                         self._fail(BrokerError(str(exc)))
+                        return
+                    except ValueError as exc:  # a certificate or key file that cannot be read: no retry mends it
+                        self.counters.connect_failures += 1
+                        self._fail(BrokerError(f"cannot connect to {self.target}: {exc}"))
                         return
                     except (grpc.aio.AioRpcError, TimeoutError, OSError, ConnectionError) as exc:
                         self.counters.connect_failures += 1

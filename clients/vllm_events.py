@@ -65,6 +65,8 @@ from typing import IO, Any
 
 import msgpack
 
+from clients.regular_file import open_regular
+
 log = logging.getLogger("kvbroker.vllm_events")
 
 BlockHash = bytes | int | str
@@ -542,7 +544,7 @@ def read_capture(path: str) -> tuple[dict[str, Any], Iterator[CaptureRecord | Ca
     """(header, records): a bad record is yielded as a CaptureError for the caller to raise or
     count; a torn tail ends the records (logged). Raises CaptureError if the header is bad."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - handed to the generator, which closes it
+        f = open_regular(path)  # handed to the generator, which closes it
     except OSError as exc:
         raise CaptureError(path, 0, exc.strerror or str(exc)) from exc
     unpacker = msgpack.Unpacker(f, raw=False, strict_map_key=False, max_buffer_size=256 * 2**20)

@@ -13,9 +13,12 @@ import errno
 import math
 import os
 import socket
+import stat
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+from clients.regular_file import kind_of, open_regular
 
 
 class BadInput(Exception):
@@ -111,9 +114,10 @@ def check_bindable(host: str, port: int, host_field: str, port_field: str, what:
 
 
 def check_readable(path: str, field: str) -> None:
-    """The file exists, is a file, and can be read."""
+    """The file exists, is a regular file (a FIFO would block its reader forever, a device
+    such as /dev/zero never ends), and can be read."""
     try:
-        with open(path, "rb"):
+        with open_regular(path):
             pass
     except OSError as exc:
         raise BadInput(field, f"cannot read {path}: {exc.strerror or exc}") from None
@@ -128,6 +132,20 @@ def check_writable_file(path: str, field: str) -> None:
         raise BadInput(field, f"folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise BadInput(field, f"folder {folder} is not writable")
+
+
+def check_new_or_regular(path: str, field: str) -> None:
+    """``path`` is free, or a regular file a writer may replace: never a device, FIFO,
+    socket or symbolic link (lstat: the link itself), which a rename over it would swap
+    for a file (as root, /dev/full became one)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BadInput(field, f"cannot check {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise BadInput(field, f"{path} exists and is {kind_of(mode)}; give a new path or a regular file to replace")
 
 
 def check_writable_dir(path: str, field: str) -> None:

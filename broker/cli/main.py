@@ -12,6 +12,7 @@ from broker import native
 from broker.cli.checks import (
     BadInput,
     OneLineParser,
+    check_new_or_regular,
     check_readable,
     check_writable_dir,
     check_writable_file,
@@ -558,6 +559,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def cmd_import(args: argparse.Namespace) -> int:
     import os
+    import tempfile
 
     from broker.config import core_to_json
     from broker.journal import file_path, is_file_url
@@ -569,15 +571,25 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise BadInput("--out", f"import writes a journal file: file://PATH or a path, got {args.out!r}")
     out = file_path(args.out)
     check_writable_file(out, "--out")
+    check_new_or_regular(out, "--out")
     # Always a CONFIG record, so `replay --journal` needs no --config: the one given, else
     # the tiers `replay --trace` would use for this trace (a profile's own, or the defaults).
     core = _config(args.config).core if args.config else _trace_base_config(args.trace, args.format)
     options = _trace_options(args)
     skips = SkipCounter(args.skip_bad)
     batches = events = 0
-    partial = f"{out}.importing"  # renamed over --out only once the whole trace is in
+    # Renamed over --out only once the whole trace is in. A name of its own (O_EXCL): a
+    # FIFO or a symbolic link left at a fixed name would be opened through.
     try:
-        with open(partial, "wb") as f:
+        fd, partial = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".importing", dir=os.path.dirname(os.path.abspath(out)))
+    except OSError as exc:
+        print(f"kvbroker import: --out: cannot write beside {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # what open() gives a new file, not mkstemp's 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(MAGIC)
             f.write(encode(JournalRecord(RecordKind.CONFIG, 1, 1, core_to_json(core).encode())))
             for batch in read_trace(args.trace, args.format, options, skips):
@@ -624,7 +636,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         raise BadInput("journal", f"repair mends file journals: file://PATH or a path, got {args.journal!r}")
     path = file_path(args.journal)
     if not os.path.isfile(path):  # before the lock, which would make PATH.lock beside it
-        raise BadInput("journal", f"{path}: {'is a folder' if os.path.isdir(path) else 'no such file'}")
+        check_readable(path, "journal")  # says why: missing, a folder, a FIFO, a device
+        raise BadInput("journal", f"{path}: not a regular file")
     try:
         lock = take_lock(path)  # not while a broker writes it
     except JournalError as exc:
@@ -648,6 +661,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         "records_repeated": report.records_repeated,
         "bytes_cut": report.bytes_cut,
         "cuts": [{"offset": o, "bytes": n} for o, n in report.cuts],
+        "bad_records": [{"offset": o, "reason": why} for o, why in report.bad_records],
     }
     if args.json:
         print(json.dumps(out))
@@ -659,6 +673,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print(
             f"{path}: {verb} {report.records_kept} intact records; cut {where}"
             + (f"; {report.records_repeated} records repeated after a tear kept once" if report.records_repeated else "")
+            + "".join(f"; the record at offset {o}: {why}" for o, why in report.bad_records)
         )
     return 1 if args.check and report.cuts else 0
 

@@ -16,6 +16,7 @@ from broker.journal.file import lock_path, take_lock
 from broker.journal.records import MAGIC
 from broker.journal.redis_stream import stream_exists
 from broker.journal.redis_urls import cluster_nodes, is_cluster_url, is_redis_url
+from clients.regular_file import open_regular
 
 
 def preflight(config: BrokerConfig, *, listen_flag: bool, journal_flag: bool, metrics_flags: bool) -> None:
@@ -71,12 +72,12 @@ def check_journal(config: BrokerConfig, field: str) -> None:
     if not os.path.isdir(folder):
         raise BadInput(field, f"folder {folder} does not exist")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO would block the start forever
             head = f.read(len(MAGIC))
     except FileNotFoundError:
         return  # a new journal
     except OSError as exc:
-        raise BadInput(field, f"cannot read {path}: {exc.strerror}") from None
+        raise BadInput(field, f"cannot read {path}: {exc.strerror or exc}") from None
     if head and not MAGIC.startswith(head):  # a torn header is the broker's to repair
         raise BadInput(field, f"{path} is not a kvbroker journal (it does not start with the journal header); give a new path")
     if os.path.exists(lock_path(path)):

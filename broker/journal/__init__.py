@@ -14,10 +14,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from broker.journal.base import Journal, NullJournal
 from broker.journal.cluster import RedisClusterJournal
-from broker.journal.file import FileJournal, read_file_journal
+from broker.journal.file import FileJournal, file_records, read_file_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.redis_stream import DEFAULT_TIMEOUT_S, RedisJournal, directives_key, read_redis_records, redact, stream_exists
 from broker.journal.redis_urls import is_cluster_url, is_redis_url
+from clients.regular_file import open_regular
 
 __all__ = [
     "Journal",
@@ -127,7 +128,7 @@ class JournalSource:
         else:
             path = file_path(self.url)
             try:
-                with open(path, "rb"):
+                with open_regular(path):  # not a FIFO: replay would wait for a writer forever
                     pass
             except OSError as exc:
                 raise JournalError(f"cannot open journal {path}: {exc.strerror}") from exc
@@ -155,6 +156,24 @@ class JournalSource:
         for record in records:
             if record.kind == RecordKind.BATCH or record.kind == RecordKind.CONFIG:
                 yield record
+
+    def where(self, index: int, kind: RecordKind | None = None) -> str:
+        """Where the ``index``-th (0-based) record of ``ordered()`` is, or of the records of
+        ``kind`` (``batches()``, ``configs()``, ``directives()``): for a file, the record's
+        number in the file and its byte offset, which ``kvbroker repair`` reports too. Reads
+        the journal again: for an error message only."""
+        if is_redis_url(self.url):
+            conn, key = self._redis()
+            stream = directives_key(key) if kind == RecordKind.DIRECTIVES else key
+            return f"{redact(conn)} stream {stream!r}: entry {index + 1}"
+        path = file_path(self.url)
+        seen = -1
+        for number, (offset, record) in enumerate(file_records(path), start=1):
+            wanted = record.kind == kind if kind is not None else record.kind != RecordKind.DIRECTIVES
+            seen += wanted
+            if wanted and seen == index:
+                return f"{path}: record {number} (a {record.kind.name} record at byte offset {offset})"
+        return f"{path}: record {index + 1} of those read"
 
     def batches(self) -> Iterator[JournalRecord]:
         """Accepted batches, in the order the broker applied them."""

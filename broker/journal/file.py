@@ -18,10 +18,13 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 
 from broker.journal.base import Journal
-from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, scan, scan_frames
+from broker.journal.payloads import payload_problem
+from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, framed_size, scan, scan_frames
+from clients.regular_file import not_regular, open_regular
 
 
 def lock_path(path: str) -> str:
@@ -56,8 +59,12 @@ def open_for_append(path: str) -> tuple[int, int, int]:
 
     Raises JournalError if the file is damaged before its tail.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO's read would wait for a writer forever
+            raise JournalError(f"journal {path}: {not_regular(path, mode).strerror}")
+        os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as f:
             data = f.read()
         records, good = scan(data, path)
@@ -76,10 +83,18 @@ def open_for_append(path: str) -> tuple[int, int, int]:
 
 def read_file_journal(path: str) -> Iterator[JournalRecord]:
     """All complete records of a file journal, in order (a torn tail is ignored)."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read()
     records, _ = scan(data, path)
     yield from records
+
+
+def file_records(path: str) -> Iterator[tuple[int, JournalRecord]]:
+    """(byte offset, record) of every complete record of a file journal, in order."""
+    offset = len(MAGIC)
+    for record in read_file_journal(path):
+        yield offset, record
+        offset += framed_size(len(record.payload))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +125,12 @@ class Repair:
     # Records dropped because they repeat, byte for byte, the ones just before a tear (the
     # retried group of a journal written before torn writes were cut back).
     records_repeated: int
-    # Torn bytes cut: (offset, length) of each damaged stretch, in file order.
+    # Torn bytes cut: (offset, length) of each damaged stretch, in file order (a bad
+    # record's frame among them).
     cuts: tuple[tuple[int, int], ...]
+    # Records with a sound frame and checksum whose payload is not what their kind says
+    # (broker.journal.payloads): (offset, why), each cut whole.
+    bad_records: tuple[tuple[int, str], ...] = ()
 
     @property
     def bytes_cut(self) -> int:
@@ -129,8 +148,9 @@ def _next_frame(data: bytes, pos: int) -> int:
     return len(data)
 
 
-def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], int]:
-    """Intact frames from ``pos`` (each with its bytes), to the first damaged one."""
+def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], int, tuple[int, str] | None]:
+    """Intact frames from ``pos`` (each with its bytes), to the first damaged one; and, when
+    that one is a sound frame whose payload is bad, its end and why."""
     out: list[tuple[JournalRecord, bytes]] = []
     while pos < len(data):
         try:
@@ -139,9 +159,12 @@ def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], i
             break
         if not got:
             break
+        problem = payload_problem(got[0])
+        if problem is not None:
+            return out, pos, (end, problem)
         out.append((got[0], data[pos:end]))
         pos = end
-    return out, pos
+    return out, pos, None
 
 
 def repair_file_journal(path: str, *, write: bool) -> Repair:
@@ -151,30 +174,40 @@ def repair_file_journal(path: str, *, write: bool) -> Repair:
     journal did before it cut failed writes back). After it, scanning resumes at the next
     offset where an intact record starts. Records right after a tear that repeat the ones
     right before it byte for byte are the group that was retried after the failed write:
-    they are kept once. With ``write`` the file is replaced (a new file renamed over it,
+    they are kept once. A record whose checksum is right but whose payload is not what its
+    kind says (broker.journal.payloads) is cut whole, and the records after it are kept.
+    With ``write`` the file is replaced (a new file renamed over it,
     so a crash leaves the old or the new, never half of each)."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read()
     if not data.startswith(MAGIC):
         raise JournalError(f"{path}: not a kvbroker journal (bad magic); nothing to repair")
     kept: list[tuple[JournalRecord, bytes]] = []
     cuts: list[tuple[int, int]] = []
+    bad: list[tuple[int, str]] = []
     repeated = 0
     pos = len(MAGIC)
+    after_tear = False
     while True:
-        frames, pos = _frames(data, pos)
-        if cuts and frames:
+        frames, pos, bad_frame = _frames(data, pos)
+        if after_tear and frames:
             # The longest run of records before the tear that the records after it repeat.
             last = [b for _, b in kept[-len(frames) :]]
             same = next((n for n in range(min(len(last), len(frames)), 0, -1) if last[-n:] == [b for _, b in frames[:n]]), 0)
             repeated += same
             frames = frames[same:]
         kept.extend(frames)
+        if bad_frame is not None:
+            end, why = bad_frame
+            cuts.append((pos, end - pos))
+            bad.append((pos, why))
+            pos, after_tear = end, False
+            continue
         if pos >= len(data):
             break
         resume = _next_frame(data, pos)
         cuts.append((pos, resume - pos))
-        pos = resume
+        pos, after_tear = resume, True
     if write and cuts:
         tmp = path + ".repair"
         with open(tmp, "wb") as f:
@@ -182,7 +215,7 @@ def repair_file_journal(path: str, *, write: bool) -> Repair:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    return Repair(len(kept), repeated, tuple(cuts))
+    return Repair(len(kept), repeated, tuple(cuts), tuple(bad))
 
 
 class FileJournal(Journal):

@@ -65,6 +65,11 @@ class Unanswered(NamedTuple):
 Maker = Callable[[], Sequence[pb.Event]]
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class _Ask:
     """An answer wanted: set on the link's loop, waited for on the scheduler thread."""
 
@@ -261,6 +266,9 @@ class BrokerLink:
                 if isinstance(item, _Ask):
                     loop = asyncio.get_running_loop()
                     flushing = loop.create_task(self._client.flush())
+                    # Its asker may be gone (cancelled at close) when it fails: retrieved
+                    # here, so shutdown logs no "Task exception was never retrieved".
+                    flushing.add_done_callback(_retrieve)
                     # The flush's first step seals the open batch, which ends with the asking
                     # event, before anything more is added: it runs before this task resumes
                     # (ready callbacks run in order). Not wrapped (wait_for would make it a

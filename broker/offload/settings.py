@@ -22,6 +22,7 @@ from typing import Any, Final
 from broker.config import ConfigError, CoreConfig, PolicyConfig, TierConfig
 from broker.config.settings import DEFAULT_HISTORY_GHOSTS, check_history_ghosts, validate_policy
 from broker.journal.redis_urls import is_redis_url
+from broker.offload.security_env import security_problem
 
 PREFIX: Final = "kvbroker_"
 ENV_PREFIX: Final = "KVBROKER_VLLM_"
@@ -225,6 +226,9 @@ def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, 
             raise SettingsError(f"{_where('fallback_policy', extra)}: {str(exc).partition(': ')[2]}") from None
     if settings.mode == "sidecar" and not settings.broker:
         raise SettingsError(f"{_where('broker', extra)}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
+    problem = security_problem(env) if settings.mode == "sidecar" else None
+    if problem:
+        raise SettingsError(problem)
     return settings
 
 

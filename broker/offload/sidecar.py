@@ -47,7 +47,7 @@ from broker.offload import events as wire
 from broker.offload.embedded import EmbeddedCore
 from broker.offload.latency import LatencyHistogram
 from broker.offload.link import DOWN, FAILED, LOST, TIMEOUT, BrokerLink, Unanswered
-from broker.offload.settings import OffloadSettings
+from broker.offload.settings import OffloadSettings, SettingsError
 from broker.offload.sidecar_setup import check_tier
 from broker.offload.translate import Translator
 from clients.broker_client import ClientSecurity, acked_event
@@ -385,7 +385,11 @@ def make_decider(settings: OffloadSettings, local: EmbeddedCore, translator: Tra
     # The calls reach the broker in small batches as they come, not all at the next evict:
     # an EvictionRequested is answered after everything sent before it is applied.
     translator.flush_events = FORWARD_EVENTS
-    security = ClientSecurity.from_env()
+    try:
+        security = ClientSecurity.from_env()
+        security.credentials()  # a file that cannot be read stops vLLM's start, never the link's retries
+    except ValueError as exc:
+        raise SettingsError(f"sidecar mode: {exc}") from None
     link = BrokerLink(settings.broker, client_id, tenant=settings.tenant, security=security)
     decider = SidecarDecider(link, translator, local, Names(client_id + "/", tier), deadline_s=settings.deadline_ms / 1000.0)
     atexit.register(decider.close)

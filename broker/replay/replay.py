@@ -14,9 +14,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from broker.config import ConfigError, CoreConfig, core_from_json, format_size, with_policy
-from broker.journal import JournalSource
+from broker.journal import JournalError, JournalSource
+from broker.journal.payloads import batch_problem, config_problem
 from broker.journal.records import JournalRecord, RecordKind
+from broker.journal.redis_urls import is_redis_url
 from broker.model.apply import apply_batch
 from broker.model.arms import Driving
 from broker.model.core import Directive
@@ -81,9 +85,13 @@ class ReplayResult:
 
 
 def journal_config(source: JournalSource) -> CoreConfig | None:
-    """The first core config the journal recorded, if any."""
+    """The first core config the journal recorded, if any. Raises JournalError naming the
+    record when it is not a config."""
     for record in source.configs():
-        return core_from_json(record.payload.decode())
+        try:
+            return core_from_json(record.payload.decode())
+        except (ConfigError, UnicodeDecodeError) as exc:
+            raise JournalError(f"{source.where(0, RecordKind.CONFIG)}: {config_problem(exc)}") from None
     return None
 
 
@@ -93,21 +101,55 @@ a batch is an IntentBatch, its serialized bytes or a ``broker.model.wire`` reade
 journal's later config changes come in place as (generation, CoreConfig)."""
 
 
-def journal_batches(source: JournalSource) -> BatchSource:
+class JournalBatches:
     """The journal's batches as the broker journaled them (bytes, read by ``broker.model.wire``:
-    no protobuf message is built), with its later config changes in place (CoreConfig items)."""
+    no protobuf message is built), with its later config changes in place (CoreConfig items):
+    a BatchSource that can say where in the journal its n-th item is."""
 
-    def items() -> Iterator[tuple[int, bytes | CoreConfig]]:
+    def __init__(self, source: JournalSource) -> None:
+        self.source = source
+
+    def __call__(self) -> Iterator[tuple[int, bytes | CoreConfig]]:
         first = True
-        for r in source.ordered():
+        for i, r in enumerate(self.source.ordered()):
             if r.kind == RecordKind.BATCH:
                 yield r.generation, r.payload
             elif first:
                 first = False  # the starting config: the caller's base
             else:
-                yield r.generation, core_from_json(r.payload.decode())
+                try:
+                    config = core_from_json(r.payload.decode())
+                except (ConfigError, UnicodeDecodeError) as exc:
+                    raise JournalError(f"{self.source.where(i)}: {config_problem(exc)}") from None
+                yield r.generation, config
 
-    return items
+    def where(self, item: int) -> str:
+        """Where the ``item``-th (0-based) item this source gives is in the journal."""
+        first = True
+        n = -1
+        for i, r in enumerate(self.source.ordered()):
+            if r.kind != RecordKind.BATCH and first:
+                first = False
+                continue
+            n += 1
+            if n == item:
+                return self.source.where(i)
+        return f"item {item + 1} of {self.source.url}"
+
+
+def journal_batches(source: JournalSource) -> BatchSource:
+    return JournalBatches(source)
+
+
+def read_item(batches: BatchSource, item: int, batch: BatchReader | pb.IntentBatch | bytes) -> BatchReader:
+    """``as_reader(batch)``; a payload that is no IntentBatch raises JournalError naming the
+    record (its number and byte offset in a file journal) instead of protobuf's traceback."""
+    try:
+        return as_reader(batch)
+    except DecodeError as exc:
+        where = batches.where(item) if isinstance(batches, JournalBatches) else f"batch item {item + 1} of the source"
+        repair = " (`kvbroker repair` cuts it)" if isinstance(batches, JournalBatches) and not is_redis_url(batches.source.url) else ""
+        raise JournalError(f"{where}: {batch_problem(exc)}{repair}") from None
 
 
 def future_uses(batches: BatchSource) -> dict[str, list[int]]:
@@ -119,10 +161,10 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
     """
     uses: dict[str, list[int]] = {}
     ordinal = -1
-    for _, batch in batches():
+    for item, (_, batch) in enumerate(batches()):
         if isinstance(batch, CoreConfig):
             continue
-        for event in as_reader(batch).events():
+        for event in read_item(batches, item, batch).events():
             ordinal += 1
             kind = event[0]
             if kind == ACCESSED:
@@ -133,6 +175,14 @@ def future_uses(batches: BatchSource) -> dict[str, list[int]]:
             elif kind == ALLOCATED:
                 uses.setdefault(event[A_BLOCK_ID], []).append(ordinal)
     return uses
+
+
+def directives_of(record: JournalRecord, index: int) -> list[dpb.Directive]:
+    """The directives of the ``index``-th (0-based) journaled DIRECTIVES record."""
+    try:
+        return list(dpb.DirectiveBatch.FromString(record.payload).directives)
+    except DecodeError as exc:
+        raise JournalError(f"journaled directives record {index + 1}: its payload is not a valid DirectiveBatch ({exc})") from None
 
 
 def as_reader(batch: BatchReader | pb.IntentBatch | bytes) -> BatchReader:
@@ -169,17 +219,18 @@ def replay(
     expect: Iterator[JournalRecord] | None = iter(expected) if expected is not None else None
     mismatches = 0
     first = ""
+    expected_read = 0
     n_batches = n_events = n_directives = 0
     started = time.perf_counter()
     bar = ProgressBar(driving.policy_name, total_batches) if progress else None
     # In a worker of a parallel sweep: events go to the sweep's shared counter (its progress).
     counted = sweep_progress.counting()
     reported = 0
-    for generation, batch in batches():
+    for item, (generation, batch) in enumerate(batches()):
         if isinstance(batch, CoreConfig):
             driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
             continue
-        batch = as_reader(batch)
+        batch = read_item(batches, item, batch)
         core = driving.core_for(batch.client_id)
         core.generation = generation
         outcome = apply_batch(core, batch)
@@ -197,14 +248,15 @@ def replay(
         if expect is not None and outcome.directives:
             got = [directive_to_pb(d) for d in outcome.directives]
             want_record = next(expect, None)
-            want = list(dpb.DirectiveBatch.FromString(want_record.payload).directives) if want_record else []
+            want = directives_of(want_record, expected_read) if want_record else []
+            expected_read += 1
             if got != want:
                 bad = sum(1 for g, w in zip(got, want, strict=False) if g != w) + abs(len(got) - len(want))
                 mismatches += bad
                 if not first:
                     first = f"batch {batch.client_id}#{batch.batch_seq}: replay gave {len(got)} directives, journal has {len(want)}"
     if expect is not None:
-        extra = sum(len(dpb.DirectiveBatch.FromString(r.payload).directives) for r in expect)
+        extra = sum(len(directives_of(r, expected_read + k)) for k, r in enumerate(expect))
         if extra:
             mismatches += extra
             first = first or f"journal holds {extra} directives the replay never produced"

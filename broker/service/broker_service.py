@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import NamedTuple
 
+from google.protobuf.message import DecodeError
+
 from broker.config import (
     BrokerConfig,
     ConfigError,
@@ -25,6 +27,7 @@ from broker.config import (
     with_policy,
 )
 from broker.journal import Journal, JournalRecord, RecordKind
+from broker.journal.payloads import BadRecord, batch_problem, config_problem
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
 from broker.model.core import Core
@@ -121,6 +124,14 @@ def arm_stats(name: str, role: str, core: Core) -> spb.ArmStats:
     )
 
 
+def recovered_config(records: list[JournalRecord], index: int) -> CoreConfig:
+    """The config of the CONFIG record ``records[index]``; BadRecord if it is none."""
+    try:
+        return core_from_json(records[index].payload.decode())
+    except (ConfigError, UnicodeDecodeError) as exc:
+        raise BadRecord(index, config_problem(exc)) from None
+
+
 class BrokerService:
     def __init__(
         self,
@@ -138,16 +149,19 @@ class BrokerService:
         self.journal = journal
         self.recovered_batches = 0
         records = list(recovered)
-        first = next((r for r in records if r.kind == RecordKind.CONFIG), None)
-        start = core_from_json(first.payload.decode()) if first is not None else config.core
-        self.driving = Driving(start, first.generation if first is not None else 1)
-        for record in records:
+        first = next((i for i, r in enumerate(records) if r.kind == RecordKind.CONFIG), None)
+        start = recovered_config(records, first) if first is not None else config.core
+        self.driving = Driving(start, records[first].generation if first is not None else 1)
+        for i, record in enumerate(records):
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
             if record.kind == RecordKind.CONFIG:
-                self._follow(core_from_json(record.payload.decode()), record.generation)
+                self._follow(recovered_config(records, i), record.generation)
                 continue
-            batch = read_batch(record.payload)
+            try:
+                batch = read_batch(record.payload)
+            except DecodeError as exc:
+                raise BadRecord(i, batch_problem(exc)) from None
             core = self.core_for(batch.client_id)
             core.generation = record.generation
             apply_batch(core, batch)

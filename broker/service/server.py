@@ -24,8 +24,9 @@ from google.protobuf.message import DecodeError
 from broker.config import BrokerConfig, ConfigError
 from broker.config.limits import DEFAULT_MAX_MESSAGE_BYTES
 from broker.config.settings import check_listen
-from broker.journal import Journal, JournalError, JournalRecord, JournalSource, open_journal
+from broker.journal import Journal, JournalError, JournalRecord, JournalSource, file_path, is_file_url, open_journal
 from broker.journal.base import NullJournal
+from broker.journal.payloads import BadRecord
 from broker.journal.redis_stream import RedisJournal, stream_exists
 from broker.model.apply import client_key
 from broker.model.wire import BatchReader, length_delimited, read_batch, received_field
@@ -508,6 +509,19 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
     return list(JournalSource(url).ordered())
 
 
+def unreadable(config: BrokerConfig, journal: Journal, exc: BadRecord) -> str:
+    """The one line a start refused on a bad journal record says: which record, why, and what
+    to do (the broker does not skip it: the state after it would not be the state it had)."""
+    url = config.journal.url
+    source = JournalSource(journal.url, journal.stream) if isinstance(journal, RedisJournal) else JournalSource(url)
+    fix = (
+        f"run `kvbroker repair {file_path(url)}` (it cuts that record), then start again"
+        if is_file_url(url)
+        else "delete that entry, or set journal.recover = false"
+    )
+    return f"cannot recover from {source.where(exc.index)}: {exc.reason}; the broker does not start on it: {fix}"
+
+
 async def start_broker(
     config: BrokerConfig,
     config_path: str | None = None,
@@ -530,7 +544,11 @@ async def start_broker(
     except BaseException:
         await journal.close()
         raise
-    service = BrokerService(config, journal, recovered, config_path, overrides)
+    try:
+        service = BrokerService(config, journal, recovered, config_path, overrides)
+    except BadRecord as exc:
+        await journal.close()
+        raise JournalError(unreadable(config, journal, exc)) from None
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(

@@ -6,9 +6,17 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
+from clients.regular_file import open_regular
 from kvbroker.v1 import intent_pb2 as pb
+
+# The longest trace line read (bytes, without its newline). A line is one request or event
+# and is parsed whole, so a longer one (or a file that is one endless line) would take all
+# memory: 300 MiB of one line ended in MemoryError under a 4 GiB limit. 16 MiB is a Mooncake
+# request of ~1.9 million block hashes (~950M tokens at 512 per block), thousands of times
+# the longest context served today; its JSON takes ~155 MiB of RSS to parse (docs/cli.md).
+MAX_LINE_BYTES = 16 * 2**20
 
 
 class TraceError(ValueError):
@@ -43,14 +51,18 @@ class SkipCounter:
             self.examples.append(str(error))
 
 
-def read_jsonl(path: str, skips: SkipCounter) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for every non-empty line; a line that is not a JSON object is bad."""
+def read_jsonl(path: str, skips: SkipCounter, max_line: int = MAX_LINE_BYTES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-empty line; a line that is not a JSON object, or
+    is longer than ``max_line`` bytes, is bad (a long one is skipped unread with --skip-bad)."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the with below; open errors are reported apart
+        f = open_regular(path)  # closed by the with below; open errors are reported apart
     except OSError as exc:
         raise TraceError(path, 0, "file", exc.strerror or str(exc)) from exc
     with f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(_bounded_lines(f, max_line), start=1):
+            if raw is None:
+                skips.bad(TraceError(path, number, "line", f"longer than {max_line} bytes, the bound of a trace line"))
+                continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -75,6 +87,21 @@ def read_jsonl(path: str, skips: SkipCounter) -> Iterator[tuple[int, dict[str, A
                 skips.bad(TraceError(path, number, "line", f"expected a JSON object, got {type(obj).__name__}"))
                 continue
             yield number, obj
+
+
+def _bounded_lines(f: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The lines of ``f``; None for one longer than ``limit`` bytes (its newline not
+    counted), which is read past in pieces, never held whole."""
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw
+            continue
+        yield None  # read past only if the caller goes on (--skip-bad)
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(1 << 20)
 
 
 def _has_surrogate(obj: Any) -> bool:
