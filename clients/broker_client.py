@@ -138,6 +138,7 @@ class ClientSecurity:
             return None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key: give both (mutual TLS) or neither")
+        check_pem(self)
         return grpc.ssl_channel_credentials(
             root_certificates=_read_pem(self.tls_ca, "tls_ca") if self.tls_ca else None,
             private_key=_read_pem(self.tls_key, "tls_key") if self.tls_key else None,
@@ -183,6 +184,37 @@ def _read_pem(path: str, what: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def check_pem(security: ClientSecurity, names: dict[str, str] | None = None) -> None:
+    """Raise ValueError, one line naming the file, unless the CA bundle, the client
+    certificate and its key are PEM that OpenSSL takes (and the key is the certificate's).
+
+    gRPC takes any bytes as a certificate and only fails at the handshake, with lines of its
+    own on stderr and the call ending as "cannot reach": a bad file said as what it is.
+    ``names`` maps tls_ca, tls_cert, tls_key to what the caller calls them (a flag)."""
+    import ssl
+
+    called = {"tls_ca": "tls_ca", "tls_cert": "tls_cert", "tls_key": "tls_key", **(names or {})}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if security.tls_ca:
+        _read_pem(security.tls_ca, called["tls_ca"])  # a missing file said as that
+        try:
+            context.load_verify_locations(cafile=security.tls_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+            raise ValueError(f"{called['tls_ca']} {security.tls_ca}: not a PEM CA certificate ({why})") from None
+    if security.tls_cert and security.tls_key:
+        _read_pem(security.tls_cert, called["tls_cert"])
+        _read_pem(security.tls_key, called["tls_key"])
+        try:
+            context.load_cert_chain(security.tls_cert, security.tls_key)
+        except (ssl.SSLError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+            raise ValueError(
+                f"{called['tls_cert']} {security.tls_cert} and {called['tls_key']} {security.tls_key}: "
+                f"not a PEM certificate and its private key ({why})"
+            ) from None
 
 
 class BrokerQueueFull(BrokerError):

@@ -125,10 +125,12 @@ class JournalSource:
         else:
             path = file_path(self.url)
             try:
-                with open(path, "rb"):
-                    pass
+                with open(path, "rb") as f:
+                    empty = not f.read(1)
             except OSError as exc:
                 raise JournalError(f"cannot open journal {path}: {exc.strerror}") from exc
+            if empty:  # as `repair` says it: a replay of it would print a table of nothing
+                raise JournalError(f"{path} is empty (0 bytes): no records")
 
     def _records(self, kind: RecordKind) -> Iterator[JournalRecord]:
         if is_redis_url(self.url):
