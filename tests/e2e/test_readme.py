@@ -86,3 +86,18 @@ def test_every_file_the_readme_links_or_names_exists() -> None:
     # Commands the README tells users to run: python bench/X.py and docs/X.py must exist.
     for script in re.findall(r"python (?:-m )?((?:bench|docs)/[\w./]+\.py)", text):
         assert (ROOT / script).exists(), f"README runs {script}, which does not exist"
+
+
+def test_every_relative_link_of_the_docs_resolves_from_its_page() -> None:
+    """A link in docs/X.md is read from docs/ (a path written from the root, such as
+    docs/mooncake/hit_rate.png, is a broken image on GitHub and in any viewer)."""
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.name}: {target}")
+    assert not broken, broken
