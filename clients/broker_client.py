@@ -391,6 +391,10 @@ class BrokerClient:
         self._resync_after: float | None = None
         self._refusal_backoff = backoff_initial_s
         self._last_refusal_log = -LOG_EVERY_S
+        # Rejected events (not applied) are said in a log line, the first at once, then at
+        # most one line per LOG_EVERY_S with the count since: a counter alone goes unseen.
+        self._last_rejection_log = -LOG_EVERY_S
+        self._rejections_unsaid = 0
         # Highest batch_seq given to a batch (or reported applied by the broker).
         self.batch_seq = 0
         self.counters = ClientCounters()
@@ -656,7 +660,11 @@ class BrokerClient:
         # Oldest first: written batches, then those waiting to be.
         waiting = [b.future for b in (*self._inflight.values(), *self._unsent)]
         if waiting:
-            await asyncio.wait([asyncio.shield(f) for f in waiting])
+            # asyncio.wait never cancels what it waits for, so a flush cut short by its timeout
+            # leaves the batches alone. (A shield per future did too, but a shield outlived its
+            # flush and took the batch's later error, which nobody then read: "Future exception
+            # was never retrieved" after a TimeoutError when the broker was down.)
+            await asyncio.wait(waiting)
         self._raise_refusals()
         if not waiting:
             return None
@@ -923,11 +931,35 @@ class BrokerClient:
                 self._answered()
             if result.duplicate:
                 self.counters.duplicate_answers += 1
-            self.counters.rejected_events += len(result.rejections)
+            if result.rejections:
+                self._note_rejections(result)
             if self.keep_results:
                 self.results.append(result)
             for directive in result.directives:
                 self._deliver(directive)
+
+    def _note_rejections(self, result: dpb.DirectiveBatch) -> None:
+        """Count the events the broker rejected (it applied the rest of the batch) and say so."""
+        count = len(result.rejections)
+        self.counters.rejected_events += count
+        self._rejections_unsaid += count
+        now = time.monotonic()
+        if now - self._last_rejection_log < LOG_EVERY_S:
+            return
+        self._last_rejection_log = now
+        first = result.rejections[0]
+        log.warning(
+            "client %s: the broker rejected %d event(s), not applied (%d in all, counted in rejected_events), "
+            "e.g. batch %d event %d: %s: %s",
+            self.client_id,
+            self._rejections_unsaid,
+            self.counters.rejected_events,
+            result.batch_seq,
+            first.event_index,
+            first.field or "event",
+            first.reason,
+        )
+        self._rejections_unsaid = 0
 
     def _refused(self, batch: _Batch, refusal: dpb.EventRejection) -> bool:
         """A batch refused whole: True to resend it (and every later one) on a new stream,
