@@ -801,6 +801,7 @@ class BrokerClient:
         conn = first
         resend: list[pb.IntentBatch] = []
         backoff = self.backoff_initial_s
+        failing_since: float | None = None  # when the broker stopped answering connects
         try:
             while not self._closing:
                 if conn is None:
@@ -811,12 +812,34 @@ class BrokerClient:
                         return
                     except (grpc.aio.AioRpcError, TimeoutError, OSError, ConnectionError) as exc:
                         self.counters.connect_failures += 1
-                        log.debug("client %s: connect failed (%s); retrying in %.2fs", self.client_id, _describe(exc), backoff)
+                        if failing_since is None:
+                            # A change of state, said once; the retries after it are counted
+                            # (connect_failures) and logged at debug only, until it connects.
+                            failing_since = time.monotonic()
+                            log.warning(
+                                "client %s: cannot reach %s (%s); retrying every %.2f..%.1fs, events buffered meanwhile",
+                                self.client_id,
+                                self.target,
+                                _describe(exc),
+                                self.backoff_initial_s,
+                                self.backoff_max_s,
+                            )
+                        else:
+                            log.debug("client %s: connect failed (%s); retrying in %.2fs", self.client_id, _describe(exc), backoff)
                         await self._sleep(backoff * random.uniform(0.8, 1.2))
                         backoff = min(backoff * 2, self.backoff_max_s)
                         continue
                     backoff = self.backoff_initial_s
                     resend = self._adopt(conn)
+                    if failing_since is not None:
+                        log.info(
+                            "client %s: connected to %s after %.1fs unreachable (%d attempts failed in all)",
+                            self.client_id,
+                            self.target,
+                            time.monotonic() - failing_since,
+                            self.counters.connect_failures,
+                        )
+                        failing_since = None
                     if self.counters.connects > 1:
                         log.info(
                             "client %s: reconnected to %s (broker applied up to %d; resending %d)",

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -483,3 +485,34 @@ def test_piped_into_head_the_first_line_comes_and_nothing_else(broker_port: str)
         done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done
         assert done.stderr == "", done.stderr
+
+
+def test_vllm_bridge_with_the_broker_unreachable_says_so_once_and_stops_within_a_second(places: dict[str, str]) -> None:
+    """Before: nothing logged for 30 s (the failures only in the stats' connect_failures),
+    5.5 s to stop on SIGTERM, and "Future exception was never retrieved" on the way out."""
+    closed = places["closed"]
+    bridge = subprocess.Popen(
+        [str(KVBROKER), "vllm-bridge", "--events", f"tcp://127.0.0.1:{closed}", "--broker", f"127.0.0.1:{closed}", "--model", "llama-3-8b"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4.0)  # several connect attempts (backoff 0.05 s doubling to 2 s)
+        asked = time.monotonic()
+        bridge.send_signal(signal.SIGTERM)
+        out, err = bridge.communicate(timeout=30)
+        took = time.monotonic() - asked
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
+    assert bridge.returncode == 0, err
+    assert took < 1.0, f"stopped {took:.2f}s after SIGTERM"
+    unreachable = [line for line in err.splitlines() if "cannot reach" in line]
+    assert len(unreachable) == 1 and f"127.0.0.1:{closed}" in unreachable[0], err  # the change of state, once
+    stopped = json.loads(out.splitlines()[-1])
+    assert stopped["event"] == "stopped"
+    assert stopped["ranks"][0]["client"]["connect_failures"] > 1, stopped  # retried, not logged each time
+    for noise in ("never retrieved", "Traceback"):
+        assert noise not in err, err
