@@ -810,6 +810,9 @@ class BrokerClient:
                     except _Refused as exc:
                         self._fail(BrokerError(str(exc)))
                         return
+                    except ValueError as exc:  # a certificate or key file that is no PEM: no retry mends it
+                        self._fail(BrokerError(str(exc)))
+                        return
                     except (grpc.aio.AioRpcError, TimeoutError, OSError, ConnectionError) as exc:
                         self.counters.connect_failures += 1
                         if failing_since is None:
