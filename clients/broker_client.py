@@ -138,6 +138,7 @@ class ClientSecurity:
             return None
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key: give both (mutual TLS) or neither")
+        check_pem(self)
         return grpc.ssl_channel_credentials(
             root_certificates=_read_pem(self.tls_ca, "tls_ca") if self.tls_ca else None,
             private_key=_read_pem(self.tls_key, "tls_key") if self.tls_key else None,
@@ -183,6 +184,37 @@ def _read_pem(path: str, what: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def check_pem(security: ClientSecurity, names: dict[str, str] | None = None) -> None:
+    """Raise ValueError, one line naming the file, unless the CA bundle, the client
+    certificate and its key are PEM that OpenSSL takes (and the key is the certificate's).
+
+    gRPC takes any bytes as a certificate and only fails at the handshake, with lines of its
+    own on stderr and the call ending as "cannot reach": a bad file said as what it is.
+    ``names`` maps tls_ca, tls_cert, tls_key to what the caller calls them (a flag)."""
+    import ssl
+
+    called = {"tls_ca": "tls_ca", "tls_cert": "tls_cert", "tls_key": "tls_key", **(names or {})}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if security.tls_ca:
+        _read_pem(security.tls_ca, called["tls_ca"])  # a missing file said as that
+        try:
+            context.load_verify_locations(cafile=security.tls_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+            raise ValueError(f"{called['tls_ca']} {security.tls_ca}: not a PEM CA certificate ({why})") from None
+    if security.tls_cert and security.tls_key:
+        _read_pem(security.tls_cert, called["tls_cert"])
+        _read_pem(security.tls_key, called["tls_key"])
+        try:
+            context.load_cert_chain(security.tls_cert, security.tls_key)
+        except (ssl.SSLError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or str(exc)
+            raise ValueError(
+                f"{called['tls_cert']} {security.tls_cert} and {called['tls_key']} {security.tls_key}: "
+                f"not a PEM certificate and its private key ({why})"
+            ) from None
 
 
 class BrokerQueueFull(BrokerError):
@@ -359,6 +391,10 @@ class BrokerClient:
         self._resync_after: float | None = None
         self._refusal_backoff = backoff_initial_s
         self._last_refusal_log = -LOG_EVERY_S
+        # Rejected events (not applied) are said in a log line, the first at once, then at
+        # most one line per LOG_EVERY_S with the count since: a counter alone goes unseen.
+        self._last_rejection_log = -LOG_EVERY_S
+        self._rejections_unsaid = 0
         # Highest batch_seq given to a batch (or reported applied by the broker).
         self.batch_seq = 0
         self.counters = ClientCounters()
@@ -765,6 +801,7 @@ class BrokerClient:
         conn = first
         resend: list[pb.IntentBatch] = []
         backoff = self.backoff_initial_s
+        failing_since: float | None = None  # when the broker stopped answering connects
         try:
             while not self._closing:
                 if conn is None:
@@ -779,12 +816,34 @@ class BrokerClient:
                         return
                     except (grpc.aio.AioRpcError, TimeoutError, OSError, ConnectionError) as exc:
                         self.counters.connect_failures += 1
-                        log.debug("client %s: connect failed (%s); retrying in %.2fs", self.client_id, _describe(exc), backoff)
+                        if failing_since is None:
+                            # A change of state, said once; the retries after it are counted
+                            # (connect_failures) and logged at debug only, until it connects.
+                            failing_since = time.monotonic()
+                            log.warning(
+                                "client %s: cannot reach %s (%s); retrying every %.2f..%.1fs, events buffered meanwhile",
+                                self.client_id,
+                                self.target,
+                                _describe(exc),
+                                self.backoff_initial_s,
+                                self.backoff_max_s,
+                            )
+                        else:
+                            log.debug("client %s: connect failed (%s); retrying in %.2fs", self.client_id, _describe(exc), backoff)
                         await self._sleep(backoff * random.uniform(0.8, 1.2))
                         backoff = min(backoff * 2, self.backoff_max_s)
                         continue
                     backoff = self.backoff_initial_s
                     resend = self._adopt(conn)
+                    if failing_since is not None:
+                        log.info(
+                            "client %s: connected to %s after %.1fs unreachable (%d attempts failed in all)",
+                            self.client_id,
+                            self.target,
+                            time.monotonic() - failing_since,
+                            self.counters.connect_failures,
+                        )
+                        failing_since = None
                     if self.counters.connects > 1:
                         log.info(
                             "client %s: reconnected to %s (broker applied up to %d; resending %d)",
@@ -899,11 +958,35 @@ class BrokerClient:
                 self._answered()
             if result.duplicate:
                 self.counters.duplicate_answers += 1
-            self.counters.rejected_events += len(result.rejections)
+            if result.rejections:
+                self._note_rejections(result)
             if self.keep_results:
                 self.results.append(result)
             for directive in result.directives:
                 self._deliver(directive)
+
+    def _note_rejections(self, result: dpb.DirectiveBatch) -> None:
+        """Count the events the broker rejected (it applied the rest of the batch) and say so."""
+        count = len(result.rejections)
+        self.counters.rejected_events += count
+        self._rejections_unsaid += count
+        now = time.monotonic()
+        if now - self._last_rejection_log < LOG_EVERY_S:
+            return
+        self._last_rejection_log = now
+        first = result.rejections[0]
+        log.warning(
+            "client %s: the broker rejected %d event(s), not applied (%d in all, counted in rejected_events), "
+            "e.g. batch %d event %d: %s: %s",
+            self.client_id,
+            self._rejections_unsaid,
+            self.counters.rejected_events,
+            result.batch_seq,
+            first.event_index,
+            first.field or "event",
+            first.reason,
+        )
+        self._rejections_unsaid = 0
 
     def _refused(self, batch: _Batch, refusal: dpb.EventRejection) -> bool:
         """A batch refused whole: True to resend it (and every later one) on a new stream,

@@ -263,6 +263,12 @@ class SyncBrokerClient:
     def connected(self) -> bool:
         return self._client.connected
 
+    @property
+    def rejected_events(self) -> int:
+        """Events the broker answered as rejected (not applied; each also logged, at most one
+        line per few seconds): counters()["client_rejected_events"]."""
+        return self._client.counters.rejected_events
+
     def drain_directives(self) -> list[dpb.Directive]:
         """Directives received and not yet taken (when no ``on_directive`` was given)."""
         with self._cond:

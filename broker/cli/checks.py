@@ -159,6 +159,24 @@ def check_writable_dir(path: str, field: str) -> None:
         raise BadInput(field, f"cannot write into {probe}")
 
 
+def check_keep_dir(path: str, journal: str) -> None:
+    """`demo --keep DIR`: DIR, or a new folder in an existing writable one, that holds no
+    journal yet. A second run would append to the first run's journal and replay both runs
+    as one (a wrong table, said nowhere), so it is refused, not added to; and a mistyped
+    parent is refused rather than made."""
+    folder = os.path.abspath(path)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise BadInput("--keep", f"{path} exists and is not a folder")
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(parent):
+        raise BadInput("--keep", f"folder {parent} does not exist (only DIR itself is made)")
+    if not os.access(folder if os.path.isdir(folder) else parent, os.W_OK):
+        raise BadInput("--keep", f"cannot write into {folder if os.path.isdir(folder) else parent}")
+    kept = os.path.join(folder, journal)
+    if os.path.exists(kept):
+        raise BadInput("--keep", f"{kept} is there from an earlier run; give a new folder, or remove it")
+
+
 def say(verb: str, exc: BaseException) -> int:
     """One line on stderr for ``exc`` under ``verb``; returns 2, the bad-input exit code."""
     print(f"kvbroker {verb}: {exc}", file=sys.stderr)

@@ -29,6 +29,8 @@ from broker.service.server import start_broker
 from clients.broker_client import BrokerClient
 from policies import registry
 
+JOURNAL_NAME = "demo.journal"  # in a temporary folder, or in --keep DIR
+
 
 async def drive(target: str, workload: DemoWorkload) -> tuple[int, int, int]:
     """Run the workload through a client; returns (batches, events, rejected events)."""
@@ -51,7 +53,7 @@ async def drive(target: str, workload: DemoWorkload) -> tuple[int, int, int]:
 
 async def run_demo(journal_dir: str, *, requests: int = 40, seed: int = 7, out: Callable[[str], None] = print) -> list[ReplayResult]:
     config = parse_config(DEADLINE_CONFIG)
-    journal_url = f"file://{os.path.join(journal_dir, 'demo.journal')}"
+    journal_url = f"file://{os.path.join(journal_dir, JOURNAL_NAME)}"
     config = dataclasses.replace(config, journal=JournalConfig(url=journal_url))
     broker = await start_broker(config)
     target = f"127.0.0.1:{broker.port}"
@@ -78,7 +80,7 @@ def main(requests: int = 40, seed: int = 7, keep: str | None = None) -> int:
     import uvloop
 
     if keep:
-        os.makedirs(keep, exist_ok=True)
+        os.makedirs(keep, exist_ok=True)  # its parent exists: checked by the command
         results = uvloop.run(run_demo(keep, requests=requests, seed=seed))
     else:
         with tempfile.TemporaryDirectory(prefix="kvbroker-demo-") as tmp:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -12,6 +13,7 @@ from broker import native
 from broker.cli.checks import (
     BadInput,
     OneLineParser,
+    check_keep_dir,
     check_new_or_regular,
     check_readable,
     check_writable_dir,
@@ -99,13 +101,13 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
 
 def _client_security(args: argparse.Namespace) -> Any:
     """The command line over the KVBROKER_* environment (the token is never a flag: ps shows flags)."""
-    from clients.broker_client import ClientSecurity, read_token
+    from clients.broker_client import ClientSecurity, check_pem, read_token
 
     for flag in ("tls_ca", "tls_cert", "tls_key", "token_file"):
         if getattr(args, flag):
             check_readable(getattr(args, flag), "--" + flag.replace("_", "-"))
     env = ClientSecurity.from_env()
-    return dataclasses.replace(
+    security = dataclasses.replace(
         env,
         tls_ca=args.tls_ca or env.tls_ca,
         tls_cert=args.tls_cert or env.tls_cert,
@@ -113,6 +115,17 @@ def _client_security(args: argparse.Namespace) -> Any:
         server_name=args.tls_server_name or env.server_name,
         token=read_token(args.token_file) if args.token_file else env.token,
     )
+    # Before connecting: a file that is no certificate is a certificate error naming its
+    # flag (or variable), not gRPC's handshake noise and "cannot reach".
+    names = {
+        key: f"--{key.replace('_', '-')}" if getattr(args, key) else f"KVBROKER_{key.upper()}" for key in ("tls_ca", "tls_cert", "tls_key")
+    }
+    try:
+        check_pem(security, names)
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(" ")
+        raise BadInput(field, reason) from None
+    return security
 
 
 def _stats_or_none(verb: str, args: argparse.Namespace) -> Any:
@@ -215,9 +228,15 @@ def _capacity_combos(args: argparse.Namespace, bytes_per_token: int) -> list[dic
         if not value:
             continue
         try:
-            sizes = [parse_capacity(v, bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
+            sizes = [parse_capacity(v.strip(), bytes_per_token, f"--{flag}") for v in value.split(",") if v.strip()]
         except ConfigError as exc:
             raise BadInput(f"--{flag}", str(exc).removeprefix(f"--{flag}: ")) from None
+        # An empty list would sweep nothing (an empty table, exit 0), and a tier of 0 bytes
+        # holds no block: both are slips, said before any process starts.
+        if not sizes:
+            raise BadInput(f"--{flag}", f"no size in {value!r}; give one or more, e.g. 4GiB,16GiB or 1000000tok")
+        if min(sizes) <= 0:
+            raise BadInput(f"--{flag}", f"each size must be > 0 (a tier of 0 bytes holds no block), got {value!r}")
         combos = [{**c, position: size} for c in combos for size in sizes]
     return combos
 
@@ -306,7 +325,9 @@ def _replay_kvds_compat(args: argparse.Namespace, policies: list[str]) -> int:
         print("kvbroker replay: --kvds-compat needs --trace PATH --format kvds-events", file=sys.stderr)
         return 2
     try:
-        hbm = [parse_capacity(x, 1, "--hbm") for x in (args.hbm or "128MiB").split(",")]
+        hbm = [parse_capacity(x.strip(), 1, "--hbm") for x in (args.hbm or "128MiB").split(",")]
+        if min(hbm) <= 0:
+            raise BadInput("--hbm", f"each size must be > 0 (a tier of 0 bytes holds no block), got {args.hbm!r}")
         dram = parse_capacity(args.dram, 1, "--dram") if args.dram else 4096 * MIB
         return run_cli(args.trace, policies, hbm, dram, args.json, args.skip_bad)
     except (ConfigError, TraceError, PolicyError) as exc:
@@ -315,8 +336,6 @@ def _replay_kvds_compat(args: argparse.Namespace, policies: list[str]) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import os
-
     from broker.journal import JournalError, open_source
     from broker.replay.fleet import with_fleet_totals
     from broker.replay.grid import parse_params
@@ -331,6 +350,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("kvbroker replay: --journal/--trace: give either --journal URL (one or more) or --trace PATH --format F", file=sys.stderr)
         return 2
     policies = _split_policies(args.policy) + _split_policies(args.policies) or registry.names()
+    for flag, values in (("--policy", args.policy), ("--policies", args.policies)):
+        if values is not None and not _split_policies(values):  # `--policies ''` is a slip, not "all"
+            raise BadInput(flag, f"no policy name in {','.join(values)!r}; leave the flag out to run every policy")
     try:
         for name in policies:
             registry.policy_class(name)
@@ -558,7 +580,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    import os
     import tempfile
 
     from broker.config import core_to_json
@@ -627,8 +648,6 @@ def _trace_base_config(trace: str, fmt: str) -> Any:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     """Keep every intact record of a damaged file journal; say what was cut."""
-    import os
-
     from broker.journal import JournalError, file_path, is_file_url
     from broker.journal.file import repair_file_journal, take_lock
 
@@ -694,10 +713,11 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from broker.cli.demo import JOURNAL_NAME
     from broker.cli.demo import main as demo_main
 
     if args.keep:
-        check_writable_dir(args.keep, "--keep")
+        check_keep_dir(args.keep, JOURNAL_NAME)
 
     return demo_main(requests=args.requests, seed=args.seed, keep=args.keep)
 
@@ -872,8 +892,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", metavar="POLICY.KEY=V1,V2", help="sweep a policy parameter over values (repeat per key)")
     p.add_argument(
         "--jobs",
-        type=non_negative_int,
-        default=0,
+        type=positive_int,
         help="processes (default: one per job, up to the CPU count); with --ray: CPUs of the local Ray",
     )
     p.add_argument(
@@ -986,7 +1005,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a Unix tool that a closed pipe ended (128 + SIGPIPE): `seq 1 1000000
+# | head -1` leaves 141 in PIPESTATUS, and so does `kvbroker policies | head -1`.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        result = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a pipe closed early is seen while it can be caught
+        return result
+    except BrokenPipeError:
+        # The reader (head, less) has what it wanted. Python ignores SIGPIPE, so the write
+        # raised instead of ending the process as it ends a C tool; end as quietly. stdout
+        # goes to /dev/null first, or the interpreter's own flush at exit fails again and
+        # prints "Exception ignored ... BrokenPipeError".
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     stale = native.stale_message()
     if stale:
         print(f"kvbroker: warning: {stale}", file=sys.stderr)

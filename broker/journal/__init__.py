@@ -128,10 +128,12 @@ class JournalSource:
         else:
             path = file_path(self.url)
             try:
-                with open_regular(path):  # not a FIFO: replay would wait for a writer forever
-                    pass
+                with open_regular(path) as f:  # not a FIFO: replay would wait for a writer forever
+                    empty = not f.read(1)
             except OSError as exc:
                 raise JournalError(f"cannot open journal {path}: {exc.strerror}") from exc
+            if empty:  # as `repair` says it: a replay of it would print a table of nothing
+                raise JournalError(f"{path} is empty (0 bytes): no records")
 
     def _records(self, kind: RecordKind) -> Iterator[JournalRecord]:
         if is_redis_url(self.url):

@@ -180,6 +180,8 @@ def repair_file_journal(path: str, *, write: bool) -> Repair:
     so a crash leaves the old or the new, never half of each)."""
     with open_regular(path) as f:
         data = f.read()
+    if not data:
+        raise JournalError(f"{path} is empty (0 bytes): no records; nothing to repair")
     if not data.startswith(MAGIC):
         raise JournalError(f"{path}: not a kvbroker journal (bad magic); nothing to repair")
     kept: list[tuple[JournalRecord, bytes]] = []

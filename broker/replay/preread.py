@@ -32,6 +32,12 @@ class SourceData:
     def batch_count(self) -> int:
         return sum(1 for _, item in self.items if not isinstance(item, CoreConfig))
 
+    @property
+    def event_count(self) -> int:
+        from broker.replay.progress import events_in
+
+        return sum(events_in(item) for _, item in self.items if isinstance(item, bytes))
+
     def batches(self) -> BatchSource:
         items = self.items
 

@@ -335,6 +335,37 @@ async def test_waiting_on_a_broker_that_is_down_is_bounded() -> None:
         await client.allocate("b", 100)
 
 
+async def test_an_unreachable_broker_is_logged_once_until_it_answers(caplog: pytest.LogCaptureFixture) -> None:
+    """The first failed connect is a change of state, said at once; the retries after it are
+    only counted. Before, every failure was at debug level: nothing said for as long as the
+    broker was down, the failures only in connect_failures."""
+    client = BrokerClient(f"127.0.0.1:{free_port()}", "engine", backoff_initial_s=0.01, backoff_max_s=0.02)
+    with caplog.at_level("INFO", logger="kvbroker.client"):
+        client.start()
+        await until(lambda: client.counters.connect_failures >= 5, 10, "five failed connects")
+        await client.close(timeout=0.1)
+    said = [r for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", [r.getMessage() for r in caplog.records]
+    assert client.target in said[0].getMessage() and "UNAVAILABLE" in said[0].getMessage()
+
+
+async def test_a_ca_file_that_is_no_certificate_fails_the_client_for_good(tmp_path: pathlib.Path) -> None:
+    """gRPC takes any bytes as a CA and fails each handshake after: a client retried forever.
+    The file is checked first, and no retry mends it."""
+    from clients.broker_client import ClientSecurity
+
+    garbage = tmp_path / "ca.bin"
+    garbage.write_bytes(bytes(range(256)))
+    client = BrokerClient(f"127.0.0.1:{free_port()}", "engine", security=ClientSecurity(tls_ca=str(garbage)))
+    client.start()
+    await until(lambda: client.failed is not None, 10, "the failure")
+    assert f"tls_ca {garbage}: not a PEM CA certificate" in str(client.failed)
+    assert client.counters.connect_failures == 0
+    with pytest.raises(BrokerError, match="not a PEM CA certificate"):
+        await client.allocate("a", 100)
+    await client.close()
+
+
 async def test_a_refused_client_fails_for_good(running_broker: RunningBroker) -> None:
     client = BrokerClient(f"127.0.0.1:{running_broker.port}", "future", schema_major=9)
     client.start()

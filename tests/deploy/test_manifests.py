@@ -700,3 +700,25 @@ def test_k8s_vllm_bridge_reads_the_endpoints_vllm_publishes() -> None:
         args.stats_interval < int(bridge[p]["exec"]["command"][-1].rsplit(">", 1)[1].strip(" )"))
         for p in ("readinessProbe", "livenessProbe")
     )
+
+
+def test_compose_leaves_the_hosts_own_redis_port_alone() -> None:
+    """`docker compose up` next to a host Redis on 6379 (the one the tests use) must not
+    fail on a taken port, nor take it: compose's Redis is published on 16379 instead, and
+    the broker still reaches it as redis:6379 on the compose network."""
+    d = deployed()
+    host_ports = [host for service in compose()["services"].values() for host in published(service).values()]
+    assert 6379 not in host_ports, host_ports
+    assert len(host_ports) == len(set(host_ports)), host_ports
+    assert published(compose_service(d.journal.hostname or "")) == {6379: 16379}
+    assert "16379" in COMPOSE.read_text().split("services:")[0]  # the header says how to reach it
+
+
+def test_the_readme_says_what_compose_starts_and_on_which_ports() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "docker compose up" in readme
+    services = compose()["services"]
+    for name, service in services.items():
+        assert f"`{name}`" in readme, f"README: the compose service {name} is not named"
+        for host in published(service).values():
+            assert str(host) in readme, f"README: the port {host} of {name} is not named"

@@ -4,11 +4,14 @@ traceback. Serve cases must end on their own: the broker refuses to start."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +69,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("status-timeout-negative", ["status", "--target", "127.0.0.1:{closed}", "--timeout", "-1"], "--timeout"),
     ("status-timeout-word", ["status", "--target", "127.0.0.1:{closed}", "--timeout", "soon"], "--timeout"),
     ("status-tls-ca-missing", ["status", "--target", "127.0.0.1:{closed}", "--tls-ca", "{tmp}/ca.pem"], "--tls-ca"),
+    ("status-tls-ca-garbage", ["status", "--target", "127.0.0.1:{closed}", "--tls-ca", "{garbage}"], "--tls-ca: {garbage}: not a PEM"),
+    ("status-tls-ca-text", ["status", "--target", "127.0.0.1:{closed}", "--tls-ca", "{text}"], "--tls-ca"),
+    ("ab-tls-ca-garbage", ["ab", "--target", "127.0.0.1:{closed}", "--tls-ca", "{garbage}"], "not a PEM CA certificate"),
+    (
+        "status-tls-cert-garbage",
+        ["status", "--target", "127.0.0.1:{closed}", "--tls-cert", "{garbage}", "--tls-key", "{garbage}"],
+        "--tls-cert",
+    ),
     ("status-token-missing", ["status", "--target", "127.0.0.1:{closed}", "--token-file", "{tmp}/token"], "--token-file"),
     ("ab-unreachable", ["ab", "--target", "127.0.0.1:{closed}", "--timeout", "2"], "--target"),
     ("ab-target-notaport", ["ab", "--target", "nohost", "--timeout", "2"], "--target"),
@@ -126,11 +137,25 @@ CASES: list[tuple[str, list[str], str]] = [
     ("replay-config-malformed", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{bad_toml}"], "--config"),
     ("replay-config-negative", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{neg_toml}"], "tiers[0].capacity"),
     ("replay-no-decode-no-hbm", ["replay", "--trace", "{trace}", "--format", "mooncake", "--no-decode"], "--hbm"),
+    ("replay-hbm-only-comma", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--hbm", ","], "--hbm"),
+    ("replay-hbm-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--hbm", "0"], "--hbm"),
+    ("replay-hbm-0tok", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--hbm", "0tok,1GiB"], "--hbm"),
+    ("replay-dram-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--dram", "0"], "--dram"),
+    ("replay-jobs-0", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policies", "lru,fifo", "--jobs", "0"], "--jobs"),
+    ("replay-policies-empty", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policies", ""], "--policies"),
+    ("replay-policy-commas", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", " , "], "--policy"),
+    (
+        "replay-kvds-hbm-0",
+        ["replay", "--trace", "{trace}", "--format", "kvds-events", "--kvds-compat", "--policy", "lru", "--hbm", "0"],
+        "--hbm",
+    ),
     # ---- replay of a journal
     ("replay-journal-missing-1", ["replay", "--journal", "file://{tmp}/none.journal", "--policy", "lru"], "--journal"),
     ("replay-journal-missing-2", ["replay", "--journal", "{tmp}/none.journal", "--policies", "lru,fifo"], "--journal"),
     ("replay-journal-not-a-journal", ["replay", "--journal", "{text}", "--policies", "lru,fifo"], "--journal"),
     ("replay-journal-a-folder", ["replay", "--journal", "{tmp}", "--policy", "lru"], "--journal"),
+    ("replay-journal-empty", ["replay", "--journal", "{empty}", "--policy", "lru"], "is empty (0 bytes)"),
+    ("replay-journal-empty-all", ["replay", "--journal", "file://{empty}"], "is empty (0 bytes)"),
     ("replay-journal-scheme", ["replay", "--journal", "ftp://x/y", "--policy", "lru"], "--journal"),
     ("replay-journal-no-match", ["replay", "--journal", "file://{tmp}/*.nothing", "--policy", "lru"], "--journal"),
     ("replay-redis-down", ["replay", "--journal", "redis://127.0.0.1:{closed}/0?stream=k", "--policies", "lru,fifo"], "--journal"),
@@ -158,6 +183,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("repair-missing", ["repair", "{tmp}/none.journal"], "journal"),
     ("repair-not-a-journal", ["repair", "{text}"], "journal"),
     ("repair-a-folder", ["repair", "{tmp}"], "journal"),
+    ("repair-empty", ["repair", "{empty}"], "is empty (0 bytes)"),
     ("repair-redis", ["repair", "redis://127.0.0.1:{closed}/0"], "journal"),
     # ---- size
     ("size-model", ["size", "--model", "no-such-model", "--tokens", "10"], "--model"),
@@ -170,6 +196,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("demo-requests-0", ["demo", "--requests", "0"], "--requests"),
     ("demo-requests-word", ["demo", "--requests", "many"], "--requests"),
     ("demo-keep-a-file", ["demo", "--requests", "2", "--keep", "{text}"], "--keep"),
+    ("demo-keep-no-parent", ["demo", "--requests", "2", "--keep", "{tmp}/no/such/dir"], "--keep: folder {tmp}/no/such does not exist"),
+    # A folder an earlier `demo --keep` left its journal in: a second run would append to it.
+    ("demo-keep-twice", ["demo", "--requests", "2", "--keep", "{kept}"], "earlier run"),
     # ---- bench
     ("bench-batches", ["bench", "--batches", "0,x"], "--batches"),
     ("bench-events-0", ["bench", "--events", "0"], "--events"),
@@ -325,6 +354,9 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     (tmp_path / "bad.toml").write_text("[[tiers]\nname = \n")
     (tmp_path / "neg.toml").write_text('[[tiers]]\nname = "hbm"\ncapacity = "-5MiB"\n')
     (tmp_path / "notes.txt").write_text("this is no journal\n")
+    (tmp_path / "empty.journal").write_bytes(b"")
+    (tmp_path / "garbage.bin").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "kept").mkdir()
     journal = tmp_path / "good.journal"
     made = subprocess.run(
         [str(KVBROKER), "import", "--trace", str(trace), "--format", "mooncake", "--out", f"file://{journal}"],
@@ -333,6 +365,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         timeout=60,
     )
     assert made.returncode == 0, made.stderr
+    (tmp_path / "kept" / "demo.journal").write_bytes(journal.read_bytes())
     # A port bound but not listening refuses connections; held so no one else takes it.
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -356,6 +389,9 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "closed": str(closed.getsockname()[1]),
             "held": str(held.getsockname()[1]),
             "held_journal": str(held_journal),
+            "empty": str(tmp_path / "empty.journal"),
+            "garbage": str(tmp_path / "garbage.bin"),
+            "kept": str(tmp_path / "kept"),
         }
     finally:
         closed.close()
@@ -373,7 +409,7 @@ def test_a_mistake_is_one_line_naming_the_field_and_exit_2(argv: list[str], name
     assert done.returncode == 2, f"exit {done.returncode}: {done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
     assert len(lines) == 1, done.stderr
-    assert names.lower() in lines[0].lower(), lines[0]
+    assert names.format(**places).lower() in lines[0].lower(), lines[0]
     assert lines[0].startswith("kvbroker"), lines[0]
 
 
@@ -388,3 +424,95 @@ def test_the_errors_of_a_replay_job_survive_the_trip_from_its_worker_process() -
     assert str(trace) == "t.jsonl:3: hash_ids: expected a list"
     capture = pickle.loads(pickle.dumps(CaptureError("c.bin", 7, "torn")))
     assert (capture.path, capture.index, capture.reason, str(capture)) == ("c.bin", 7, "torn", "c.bin: record 7: torn")
+
+
+# ---- a reader that closes early (head, less quit): the verb ends quietly, as Unix tools do
+
+EXIT_BROKEN_PIPE = 141  # what the shell reports for `seq 1 1000000 | head -1` (128 + SIGPIPE)
+
+
+@pytest.fixture(scope="module")
+def broker_port() -> Iterator[str]:
+    """A real `kvbroker serve` for status and ab to read."""
+    serve = subprocess.Popen(
+        [str(KVBROKER), "serve", "--listen", "127.0.0.1:0", "--journal", "none", "--log-level", "warning"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline()
+        yield str(json.loads(line)["port"])
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+PIPED: list[tuple[str, list[str]]] = [
+    ("policies", ["policies"]),
+    ("policies-json", ["policies", "--json"]),
+    ("status", ["status", "--target", "127.0.0.1:{port}"]),
+    ("status-json", ["status", "--target", "127.0.0.1:{port}", "--json"]),
+    ("ab", ["ab", "--target", "127.0.0.1:{port}"]),
+    ("ab-json", ["ab", "--target", "127.0.0.1:{port}", "--json"]),
+    ("size", ["size", "--model", "llama-3-8b", "--tokens", "1000"]),
+    ("replay", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru"]),
+    ("replay-json", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policies", "lru,fifo", "--json"]),
+    ("repair", ["repair", "{journal}"]),
+]
+
+
+@pytest.mark.parametrize("argv", [pytest.param(argv, id=case) for case, argv in PIPED])
+def test_a_reader_that_closed_its_end_ends_the_verb_quietly(argv: list[str], places: dict[str, str], broker_port: str) -> None:
+    """stdout is a pipe whose reader has already gone: every write fails (EPIPE), always, not
+    only when the output outgrows the pipe's buffer before `head` quits."""
+    args = [a.format(port=broker_port, **places) for a in argv]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([str(KVBROKER), *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == EXIT_BROKEN_PIPE, f"exit {done.returncode}: {done.stderr}"
+    # No traceback, no "Exception ignored ... BrokenPipeError" (replay's progress lines may be there).
+    assert not any(word in done.stderr for word in ("Traceback", "BrokenPipe", "Exception ignored")), done.stderr
+
+
+def test_piped_into_head_the_first_line_comes_and_nothing_else(broker_port: str) -> None:
+    """The issue's own commands, through a shell: the line head keeps, no noise on stderr."""
+    for command in (f"{KVBROKER} policies | head -1", f"{KVBROKER} status --target 127.0.0.1:{broker_port} | head -1"):
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, done
+        assert done.stderr == "", done.stderr
+
+
+def test_vllm_bridge_with_the_broker_unreachable_says_so_once_and_stops_within_a_second(places: dict[str, str]) -> None:
+    """Before: nothing logged for 30 s (the failures only in the stats' connect_failures),
+    5.5 s to stop on SIGTERM, and "Future exception was never retrieved" on the way out."""
+    closed = places["closed"]
+    bridge = subprocess.Popen(
+        [str(KVBROKER), "vllm-bridge", "--events", f"tcp://127.0.0.1:{closed}", "--broker", f"127.0.0.1:{closed}", "--model", "llama-3-8b"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(4.0)  # several connect attempts (backoff 0.05 s doubling to 2 s)
+        asked = time.monotonic()
+        bridge.send_signal(signal.SIGTERM)
+        out, err = bridge.communicate(timeout=30)
+        took = time.monotonic() - asked
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
+    assert bridge.returncode == 0, err
+    assert took < 1.0, f"stopped {took:.2f}s after SIGTERM"
+    unreachable = [line for line in err.splitlines() if "cannot reach" in line]
+    assert len(unreachable) == 1 and f"127.0.0.1:{closed}" in unreachable[0], err  # the change of state, once
+    stopped = json.loads(out.splitlines()[-1])
+    assert stopped["event"] == "stopped"
+    assert stopped["ranks"][0]["client"]["connect_failures"] > 1, stopped  # retried, not logged each time
+    for noise in ("never retrieved", "Traceback"):
+        assert noise not in err, err

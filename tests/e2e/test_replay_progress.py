@@ -127,3 +127,49 @@ def test_a_parallel_sweep_on_a_terminal_draws_one_overall_bar() -> None:
     assert "events/s" in drawn and "\r" in drawn  # redrawn in place
     total = tqdm.format_sizeof(events)  # as the bar writes it (unit_scale: 252k)
     assert f"| {total}/{total} [" in drawn, drawn[-500:]
+
+
+def test_the_share_done_and_the_time_left_follow_events_when_their_total_is_known() -> None:
+    """A journal's batches differ a thousandfold in events (a prompt's allocations, one
+    decode access): 90% of the batches done may be 10% of the work. Before, the bar said
+    90% and ETA 0s here."""
+    bar = ProgressBar("lru", 10, stream=io.StringIO(), total_events=1_000)
+    line = bar.line(9, 100, bar.started + 1.0)
+    assert " 10% " in line and "ETA 9s" in line, line
+    assert "[" + "#" * 3 + "." * 27 + "]" in line, line
+    # A Redis journal's events are not known beforehand: batches, as before.
+    assert " 90% " in ProgressBar("lru", 10, stream=io.StringIO()).line(9, 100, 1.0)
+
+
+def test_a_file_journal_is_measured_in_batches_and_events(tmp_path: Path) -> None:
+    from broker.replay.sweep import Source, count_journal
+
+    journal = f"file://{tmp_path}/t.journal"
+    argv = [str(KVBROKER), "import", "--trace", "balanced", "--format", "profile", "--out", journal]
+    made = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    summary = json.loads(made.stdout)
+    assert count_journal(Source(journal=journal)) == (summary["batches"], summary["events"])
+    assert count_journal(Source(trace="balanced", fmt="profile")) == (None, None)
+
+
+def test_progress_lines_name_sizes_as_the_table_does(tmp_path: Path) -> None:
+    """The table says hbm=100,000tok for a trace swept in tokens; the progress lines said
+    hbm=12.21GiB-like bytes for the same job."""
+    mooncake = Path(__file__).parents[1] / "data" / "mooncake" / "synthetic_trace.jsonl"
+    trace = tmp_path / "t.jsonl"
+    with mooncake.open() as f:
+        trace.write_text("".join(next(f) for _ in range(20)))
+    done = subprocess.run(
+        [str(KVBROKER), "replay", "--trace", str(trace), "--format", "mooncake", "--hbm", "100000tok,200000tok", "--policies", "lru"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if " done in " in line]
+    assert len(progress) == 2, done.stderr
+    for size in ("hbm=100,000tok", "hbm=200,000tok"):
+        assert any(size in line for line in progress), progress
+        assert size in done.stdout, done.stdout
+    assert "GiB" not in "".join(progress) and "MiB" not in "".join(progress), progress

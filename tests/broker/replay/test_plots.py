@@ -29,7 +29,8 @@ def table_hit_rates(records: list[dict[str, Any]]) -> dict[tuple[str, str], str]
     """(policy, capacity) -> the hit_rate column as the table prints it."""
     lines = format_table(records).splitlines()
     head = lines[0].split()
-    return {(row.split()[0], row.split()[1]): row.split()[head.index("hit_rate")] for row in lines[2:]}
+    rows = lines[2 : 2 + len(records)]  # a note may follow the rows (latencies that are copy queues)
+    return {(row.split()[0], row.split()[1]): row.split()[head.index("hit_rate")] for row in rows}
 
 
 def test_hit_rate_by_size_draws_the_tables_hit_rate_not_the_prefix_hit_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
