@@ -35,7 +35,8 @@ Per (trace, size) a table: replay hits and ratio, vLLM hits and ratio; ``*`` mar
 online figure of each column (kvbroker's and libCacheSim's in replay; everything run inside
 vLLM in vLLM). Then the summary for ``--candidate``: at each cell its hits as a percentage
 of the best online policy's, in replay and in vLLM, and the worst cell. ``--json OUT``
-writes every figure. Cells run in ``--jobs`` processes (default 2).
+writes every figure. Tasks (one per trace, size and engine) run in ``--jobs`` processes (default 2), each in a
+fresh one; ``--json`` is rewritten after each task, so a run stopped early keeps its figures.
 """
 
 from __future__ import annotations
@@ -189,17 +190,15 @@ def vllm_available() -> bool:
 def plan(
     paths: dict[str, str], fractions: list[float], engines: list[str], policies: list[str], algorithms: list[str], belady: bool
 ) -> list[Task]:
-    """The tasks, longest first (vLLM runs one policy a task: they are the slow ones)."""
+    """The tasks: one per (trace, size, engine), vLLM's first (the slow ones), each engine's
+    in the order of the traces given."""
     tasks = []
     for trace, path in paths.items():
         distinct = len({h for r in requests_of(path) for h in r})
         for fraction in fractions:
-            chunks = max(1, int(fraction * distinct))
-
-            here = (trace, path, fraction, chunks)
+            here = (trace, path, fraction, max(1, int(fraction * distinct)))
             if "vllm" in engines:
-                names = [f"vllm:{p}" for p in VLLM_BUILTINS] + [f"kvbroker:{p}" for p in policies]
-                tasks += [Task(*here, "vllm", (n,)) for n in names]
+                tasks.append(Task(*here, "vllm", (*(f"vllm:{p}" for p in VLLM_BUILTINS), *(f"kvbroker:{p}" for p in policies))))
             if "replay" in engines:
                 tasks.append(Task(*here, "replay", (*policies, *([UPPER_BOUND] if belady else []))))
             if "libcachesim" in engines and algorithms:
@@ -208,23 +207,24 @@ def plan(
     return sorted(tasks, key=lambda t: order[t.engine])
 
 
-def run_tasks(tasks: list[Task], jobs: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every task's rows, in processes when ``jobs`` > 1 (spawned: vLLM's imports do not fork well)."""
+def run_tasks(
+    tasks: list[Task], jobs: int, log: Callable[[str], None], checkpoint: Callable[[list[dict[str, Any]]], None]
+) -> list[dict[str, Any]]:
+    """Every task's rows, ``jobs`` at a time, each task in a fresh process (spawned: vLLM's
+    imports do not fork well; fresh: libCacheSim's randomized algorithms (Random, LRUProb,
+    FlashProb, Cacheus, LHD, Hyperbolic) draw from one process-wide generator, so their
+    figures would depend on what ran before them in the process). ``checkpoint`` gets the
+    rows so far after each task."""
     rows: list[dict[str, Any]] = []
-
-    def done(i: int, task: Task, got: list[dict[str, Any]]) -> None:
-        rows.extend(got)
-        seconds = sum(r["seconds"] for r in got)
-        log(f"[{i}/{len(tasks)}] {task.engine} {task.trace} {task.chunks} chunks {','.join(task.policies)[:60]}: {seconds:.1f}s")
-
-    if jobs <= 1:
-        for i, task in enumerate(tasks, start=1):
-            done(i, task, run_task(task))
-        return rows
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context, max_tasks_per_child=1) as pool:
         futures = {pool.submit(run_task, task): task for task in tasks}
         for i, future in enumerate(concurrent.futures.as_completed(futures), start=1):
-            done(i, futures[future], future.result())
+            task, got = futures[future], future.result()
+            rows.extend(got)
+            checkpoint(rows)
+            seconds = sum(r["seconds"] for r in got)
+            log(f"[{i}/{len(tasks)}] {task.engine} {task.trace} {task.chunks} chunks: {len(got)} policies, {seconds:.1f}s")
     return rows
 
 
@@ -333,9 +333,11 @@ def matrix(
     belady: bool = True,
     workdir: str | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Write the traces, run every task, and return every figure: ``traces`` (requests,
-    chunks asked, distinct chunks each), ``rows`` (one per engine, trace, size, policy)."""
+    chunks asked, distinct chunks each), ``rows`` (one per engine, trace, size, policy).
+    ``checkpoint`` gets the figures so far after each task (``complete`` False)."""
     algorithms = LIBCACHESIM.split(",") if algorithms is None else algorithms
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         paths = {}
@@ -347,12 +349,17 @@ def matrix(
             reqs = requests_of(str(path))
             info[name] = {"requests": len(reqs), "chunks_asked": sum(map(len, reqs)), "distinct_chunks": len({h for r in reqs for h in r})}
         tasks = plan(paths, fractions, engines, policies, algorithms, belady)
-        rows = run_tasks(tasks, jobs, log)
+
+        def partial(rows: list[dict[str, Any]]) -> None:
+            if checkpoint is not None:
+                checkpoint({"traces": info, "fractions": fractions, "rows": rows, "complete": False})
+
+        rows = run_tasks(tasks, jobs, log, partial)
     # Rows in a stable order whatever the order tasks finished in.
     trace_order = {t: i for i, t in enumerate(traces)}
     engine_order = {e: i for i, e in enumerate(ENGINES)}
     rows.sort(key=lambda r: (trace_order[r["trace"]], r["fraction"], engine_order[r["engine"]]))
-    return {"traces": info, "fractions": fractions, "rows": rows}
+    return {"traces": info, "fractions": fractions, "rows": rows, "complete": True}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         engines.remove("vllm")
     algorithms = [a for a in args.libcachesim.split(",") if a]
 
+    def save(result: dict[str, Any]) -> None:
+        if args.json:  # after each task too: a long run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
     started = time.perf_counter()
     result = matrix(
         traces,
@@ -414,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=args.requests,
         jobs=args.jobs,
         belady=not args.no_belady,
+        checkpoint=save,
     )
     elapsed = time.perf_counter() - started
     rows = result["rows"]
@@ -428,9 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     per_engine = {e: sum(r["seconds"] for r in rows if r["engine"] == e) for e in ENGINES}
     busy = ", ".join(f"{e} {s:.0f}s" for e, s in per_engine.items() if s)
     print(f"\nelapsed {elapsed:.0f}s with {args.jobs} jobs (policy runs: {busy})")
-    if args.json:
-        result.update(candidate=args.candidate, summary=entries, elapsed_s=round(elapsed, 1), jobs=args.jobs, engines=engines)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    result.update(candidate=args.candidate, summary=entries, elapsed_s=round(elapsed, 1), jobs=args.jobs, engines=engines)
+    save(result)
     return 0
 
 
