@@ -163,10 +163,11 @@ def multi_turn_chat(
 
 
 def synthetic_half(which: int, path: Path = SYNTHETIC_TRACE) -> list[str]:
-    """Half ``which`` (0: the first, 1: the second) of a Mooncake trace's lines, unchanged
-    (the first half holds the odd line when there is one)."""
+    """Half ``which`` (0: the first, 1: the second) of a Mooncake trace's lines, unchanged.
+    The second half holds the odd line (the synthetic trace's: lines 1,997-3,993, the split
+    docs/policies.md's held-out checks use)."""
     lines = [line for line in path.read_text().splitlines() if line.strip()]
-    middle = (len(lines) + 1) // 2
+    middle = len(lines) // 2
     return lines[:middle] if which == 0 else lines[middle:]
 
 
