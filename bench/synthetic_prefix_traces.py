@@ -12,16 +12,29 @@
 - ``zipf_docs_scan``: 400 documents of 8-64 blocks with Zipf(0.9) popularity, each prompt a
   document plus a one-block question; one prompt in three is instead a one-time scan of
   20-120 new blocks. Frequency matters; scans must not flush the popular documents.
+- ``multi_turn_chat``: sessions of growing context (each turn's request is the last one's
+  plus its answer and a new message) over a few shared system prompts, conversations
+  Zipf-popular (see ``multi_turn_chat``'s docstring for every parameter). About 10k
+  requests and 270k chunks asked at the defaults. ``--seed N`` draws another.
+- ``synthetic_first_half`` / ``synthetic_second_half``: the first and the second half of
+  tests/data/mooncake/synthetic_trace.jsonl (its lines unchanged).
 
-Nothing here was fitted to a policy: the shapes are the two extremes a prefix cache sees.
+Nothing here was fitted to a policy: the first two are the extremes a prefix cache sees,
+the third the traffic of a chat service. ``python bench/synthetic_prefix_traces.py
+multi_turn_chat --seed 2 > /tmp/mtc2.jsonl``; in Python, each generator yields the requests'
+hash-id lists and ``mooncake_lines`` makes them Mooncake JSONL lines.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+SYNTHETIC_TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
 
 
 def two_turn_chat(seed: int = 1) -> Iterator[list[int]]:
@@ -71,13 +84,129 @@ def zipf_docs_scan(seed: int = 1) -> Iterator[list[int]]:
         next_id += n
 
 
+def multi_turn_chat(
+    seed: int = 1,
+    *,
+    conversations: int = 4000,
+    conversation_zipf: float = 1.0,
+    window_turns: float = 6.5,
+    system_prompts: int = 8,
+    system_zipf: float = 1.0,
+    system_chunks: tuple[int, int] = (2, 12),
+    user_chunks: tuple[int, int] = (1, 6),
+    answer_chunks: tuple[int, int] = (0, 2),
+    max_context_chunks: int = 72,
+    think_requests: float = 1000.0,
+) -> Iterator[list[int]]:
+    """Multi-turn chat: sessions of growing context over shared system prompts.
+
+    - ``system_prompts`` prompts of ``system_chunks`` chunks (uniform), their popularity
+      Zipf(``system_zipf``); each of the ``conversations`` is bound to one, drawn by it.
+    - Conversation popularity is Zipf(``conversation_zipf``) over the conversations' ranks
+      (conversation 0 the most popular): a conversation's turns inside the trace are
+      geometric (from 0: the least popular often never appear) with mean
+      ``window_turns * conversations * its share of the popularity``, so the trace holds
+      about ``window_turns * conversations`` turns before the context limit cuts.
+    - Turn k's request is the system prompt, the whole conversation so far (every earlier
+      user message and answer) and the new user message of ``user_chunks`` chunks; its
+      answer of ``answer_chunks`` chunks joins the context of turn k+1. A conversation's
+      chunk ids never change, so each turn extends the last one's request. A conversation
+      ends at its drawn number of turns, or earlier when the next request would exceed
+      ``max_context_chunks`` (the model's context window: 72 chunks of 512 tokens).
+    - Arrivals interleave: time counts in slots, the expected turns span
+      ``window_turns * conversations`` of them; a conversation's first turn comes at a
+      uniform slot of that span, each next one an exponential ``think_requests`` slots
+      later (mean: the user's think time, long enough that other conversations' turns
+      come between); requests are yielded in time order.
+
+    Ids: system prompt chunks first, then each conversation's chunks as drawn.
+    """
+    rng = random.Random(seed)
+    next_id = 0
+    prompts: list[list[int]] = []
+    for _ in range(system_prompts):
+        n = rng.randint(*system_chunks)
+        prompts.append(list(range(next_id, next_id + n)))
+        next_id += n
+    prompt_weights = [1.0 / (rank + 1) ** system_zipf for rank in range(system_prompts)]
+    weights = [1.0 / (rank + 1) ** conversation_zipf for rank in range(conversations)]
+    total = sum(weights)
+    horizon = window_turns * conversations
+    # (time, conversation, turn): when each request arrives; the chunks of each
+    # conversation's last request (every earlier one is a prefix of it) and each turn's length.
+    arrivals: list[tuple[float, int, int]] = []
+    contexts: list[list[int]] = []
+    lengths: list[list[int]] = []
+    for c in range(conversations):
+        mean = window_turns * conversations * weights[c] / total
+        go_on = mean / (1.0 + mean)  # a geometric from 0 with this mean
+        context = list(prompts[rng.choices(range(system_prompts), prompt_weights)[0]])
+        ends: list[int] = []
+        at = rng.uniform(0.0, horizon)
+        while rng.random() < go_on:
+            user = rng.randint(*user_chunks)
+            if len(context) + user > max_context_chunks:
+                break
+            context.extend(range(next_id, next_id + user))
+            next_id += user
+            ends.append(len(context))
+            arrivals.append((at, c, len(ends) - 1))
+            answer = rng.randint(*answer_chunks)
+            context.extend(range(next_id, next_id + answer))
+            next_id += answer
+            at += rng.expovariate(1.0 / think_requests)
+        contexts.append(context)
+        lengths.append(ends)
+    arrivals.sort()
+    for _, c, turn in arrivals:
+        yield contexts[c][: lengths[c][turn]]
+
+
+def synthetic_half(which: int, path: Path = SYNTHETIC_TRACE) -> list[str]:
+    """Half ``which`` (0: the first, 1: the second) of a Mooncake trace's lines, unchanged.
+    The second half holds the odd line (the synthetic trace's: lines 1,997-3,993, the split
+    docs/policies.md's held-out checks use)."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    middle = len(lines) // 2
+    return lines[:middle] if which == 0 else lines[middle:]
+
+
+def synthetic_first_half(seed: int = 1) -> Iterator[list[int]]:
+    """The first half of the Mooncake synthetic trace (``seed`` is ignored: nothing is drawn)."""
+    return (json.loads(line)["hash_ids"] for line in synthetic_half(0))
+
+
+def synthetic_second_half(seed: int = 1) -> Iterator[list[int]]:
+    """The second half of the Mooncake synthetic trace (``seed`` is ignored)."""
+    return (json.loads(line)["hash_ids"] for line in synthetic_half(1))
+
+
+def mooncake_lines(requests: Iterable[list[int]]) -> Iterator[str]:
+    """Mooncake JSONL lines of hash-id lists, one request per millisecond."""
+    for i, hashes in enumerate(requests):
+        yield json.dumps({"timestamp": i, "input_length": 512 * len(hashes), "output_length": 1, "hash_ids": hashes})
+
+
+GENERATORS = {
+    "two_turn_chat": two_turn_chat,
+    "zipf_docs_scan": zipf_docs_scan,
+    "multi_turn_chat": multi_turn_chat,
+    "synthetic_first_half": synthetic_first_half,
+    "synthetic_second_half": synthetic_second_half,
+}
+
+
 def main(argv: list[str]) -> int:
-    generators = {"two_turn_chat": two_turn_chat, "zipf_docs_scan": zipf_docs_scan}
-    if len(argv) != 1 or argv[0] not in generators:
-        print(f"usage: {sys.argv[0]} {{{','.join(generators)}}}", file=sys.stderr)
-        return 2
-    for i, hashes in enumerate(generators[argv[0]]()):
-        print(json.dumps({"timestamp": i, "input_length": 512 * len(hashes), "output_length": 1, "hash_ids": hashes}))
+    ap = argparse.ArgumentParser(description="Print a seeded Mooncake-format trace (JSONL) on stdout.")
+    ap.add_argument("trace", choices=sorted(GENERATORS))
+    ap.add_argument("--seed", type=int, default=1, help="the generator's seed (default 1)")
+    args = ap.parse_args(argv)
+    if args.trace.startswith("synthetic_"):
+        lines: Iterable[str] = synthetic_half(0 if args.trace.endswith("first_half") else 1)
+    else:
+        lines = mooncake_lines(GENERATORS[args.trace](args.seed))
+    for line in lines:
+        print(line)
     return 0
 
 
