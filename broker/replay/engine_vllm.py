@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker.config import CoreConfig
 from broker.offload import events
@@ -34,9 +34,6 @@ from broker.offload.translate import Translator
 from broker.replay.replay import ReplayResult
 from broker.replay.traces import SkipCounter, TraceError
 from broker.replay.traces.mooncake import read_requests
-
-if TYPE_CHECKING:  # sweep imports this module lazily (its Source is only a type here)
-    from broker.replay.sweep import Source
 
 ENGINES = ("vllm",)
 
@@ -236,8 +233,9 @@ def replay_requests(
     )
 
 
-def replay_engine(source: Source, config: CoreConfig, policy: str, params: dict[str, Any] | None) -> tuple[ReplayResult, int]:
-    """A replay job with ``--engine vllm``: the Mooncake trace's requests through the
+def replay_engine(source: Any, config: CoreConfig, policy: str, params: dict[str, Any] | None) -> tuple[ReplayResult, int]:
+    """A replay job with ``--engine vllm`` (``source``: broker.replay.sweep's Source, which
+    imports this module): the Mooncake trace's requests through the
     emulated manager, the top tier's capacity in chunks (bytes over one chunk's bytes);
     the record of a replay (``prefix_hits``, ``prompt_blocks`` and ``prefix_hit_rate`` are
     vLLM's: chunks hit by prefix lookups, chunks asked) and the bad lines skipped."""

@@ -216,12 +216,20 @@ def mooncake_requests(limit: int | None = None) -> Iterator[list[int]]:
 
 
 def mooncake(
-    manager: CPUOffloadingManager, requests: list[list[int]], *, positions: bool = True, evictions: list[Any] | None = None
+    manager: CPUOffloadingManager,
+    requests: list[list[int]],
+    *,
+    positions: bool = True,
+    evictions: list[Any] | None = None,
+    on_request: Callable[[int], None] | None = None,
 ) -> tuple[int, int]:
     """Run the trace's requests one after another: (chunks hit, chunks asked). Each
-    store's evicted keys go to ``evictions`` when given."""
+    store's evicted keys go to ``evictions`` when given; ``on_request(n)`` is called
+    before request n starts."""
     hit = asked = 0
     for n, hash_ids in enumerate(requests):
+        if on_request is not None:
+            on_request(n)
         ctx = ReqContext(req_id=f"m{n}")
         keys = [key(h) for h in hash_ids]
         if positions:
