@@ -155,11 +155,13 @@ class EmulatedManager:
 
     def _store(self, keys: list[bytes], req: _Request, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes]) -> None:
         policy = self.policy
-        to_store = [key for key in keys if policy.get(key) is None]
-        existing = [key for key in keys if key not in to_store] if len(to_store) != len(keys) else []
-        wanted = set(to_store)
-        wanted.update(existing)
-        self._record((key for key in keys if key in wanted), req, seen)
+        # Every chunk is ready here, so each key is either stored now or a resident reuse,
+        # and the manager records the request's access of all of them.
+        to_store: list[bytes] = []
+        existing: list[bytes] = []
+        for key in keys:
+            (to_store if policy.get(key) is None else existing).append(key)
+        self._record(keys, req, seen)
         reused.update(key for key in existing if key not in inserted)
         if not to_store:
             return

@@ -47,6 +47,24 @@ class Spec:
         )
 
 
+def offloading_config(extra_config: Mapping[str, Any]) -> Any:
+    """What vLLM's CPUOffloadingSpec reads of its config, for a small CPU tier (64 chunks
+    of one 16-token block), with ``extra_config`` as its kv_connector_extra_config."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        extra_config={"cpu_bytes_to_use": 64 * 4096, **extra_config},
+        enable_kv_cache_events=False,
+        groups=(SimpleNamespace(tokens_per_block=16, sliding_window_size_in_chunks=None),),
+        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=SimpleNamespace(world_size=1, rank=0),
+        worker_kv_bytes_per_block=4096,
+        replicated_layout=False,
+        model=SimpleNamespace(max_model_len=0),
+        engine_id="e",
+    )
+
+
 def vllm_manager(policy: str, num_chunks: int) -> CPUOffloadingManager:
     """A manager with one of vLLM's own policies (``lru``, ``arc``)."""
     return Spec({"eviction_policy": policy}).get_manager(num_chunks)

@@ -274,28 +274,17 @@ def test_the_real_offloading_spec_hands_its_extra_config_to_the_policy(tmp_path:
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
     extra = {
-        "cpu_bytes_to_use": 64 * 4096,
         "eviction_policy": "KvbrokerCachePolicy",
         "cache_policy_module_path": "broker.offload.vllm_policy",
         "kvbroker_policy": "arc",
         "kvbroker_client_id": "engine-7",
     }
-    config = SimpleNamespace(
-        extra_config=extra,
-        enable_kv_cache_events=False,
-        groups=(SimpleNamespace(tokens_per_block=16, sliding_window_size_in_chunks=None),),
-        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=SimpleNamespace(world_size=1, rank=0),
-        worker_kv_bytes_per_block=4096,
-        replicated_layout=False,
-        model=SimpleNamespace(max_model_len=0),
-        engine_id="e",
-    )
+    config = driver().offloading_config(extra)
     spec = CPUOffloadingSpec(config)  # type: ignore[arg-type]
     policy = spec.get_manager()._policy
     assert type(policy).__name__ == "KvbrokerCachePolicy"
     assert (policy.settings.policy, policy.local.client_id, policy.cache_capacity) == ("arc", "engine-7", spec.num_chunks)
     assert spec.num_chunks > 0 and policy.local.core.tiers[0].capacity == spec.num_chunks
-    bad = SimpleNamespace(**{**vars(config), "extra_config": {**extra, "kvbroker_policy": "nope"}})
+    bad = SimpleNamespace(**{**vars(config), "extra_config": {**config.extra_config, "kvbroker_policy": "nope"}})
     with pytest.raises(ValueError, match=r"kv_connector_extra_config\.kvbroker_policy"):
         CPUOffloadingSpec(bad).get_manager()  # type: ignore[arg-type]
