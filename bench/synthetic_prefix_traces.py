@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from collections.abc import Iterable, Iterator
@@ -162,6 +163,58 @@ def multi_turn_chat(
         yield contexts[c][: lengths[c][turn]]
 
 
+def long_gap_chat(
+    seed: int = 1,
+    *,
+    conversations: int = 12000,
+    first_chunks: float = 10.0,
+    extra_turns: float = 1.0,
+    gap_requests: float = 1500.0,
+) -> Iterator[list[int]]:
+    """Chat whose conversations come back long after their last turn, over one shared block.
+
+    The shape of a public multi-turn service's trace, where a prefix cache of 1M tokens
+    holds under a hundred requests and LRU finds little but the system prompt:
+
+    - every request starts with chunk 0 (one shared system prompt chunk);
+    - a conversation's first prompt has a log-normal number of new chunks (median
+      ``first_chunks``, sigma 1, 1 to 240);
+    - its number of further turns is geometric with a mean drawn per conversation from a
+      Pareto(1.5) law scaled to ``extra_turns`` on average: most conversations have none or
+      one, a few have many (the popular ones, whose prefixes frequency keeps);
+    - a further turn repeats the last prompt but its final chunk (a partial chunk, which
+      the next turn's longer text hashes anew) and adds 2 to 4 new chunks (that chunk
+      rehashed, the answer and the new message), an exponential ``gap_requests`` requests
+      after the last turn (mean); conversations start uniformly over twice the trace's
+      span, ending where it ends, and the trace is the requests of its span (a steady state).
+    """
+    rng = random.Random(seed)
+    next_id = 1
+    horizon = conversations * (1.0 + extra_turns)
+    arrivals: list[tuple[float, int, list[int]]] = []
+    for c in range(conversations):
+        mean = extra_turns * (rng.paretovariate(1.5) - 1.0) / 2.0  # Pareto(1.5) - 1 has mean 2
+        go_on = mean / (1.0 + mean)
+        n = min(240, max(1, int(rng.lognormvariate(math.log(first_chunks), 1.0))))
+        prompt = [0, *range(next_id, next_id + n)]
+        next_id += n
+        at = rng.uniform(-horizon, horizon)
+        arrivals.append((at, c, prompt))
+        while rng.random() < go_on and at < horizon:
+            added = rng.randint(2, 4)
+            if len(prompt) - 1 + added > 240:
+                break  # the context window (240 chunks of 512 tokens)
+            prompt = [*prompt[:-1], *range(next_id, next_id + added)]
+            next_id += added
+            at += rng.expovariate(1.0 / gap_requests)
+            arrivals.append((at, c, prompt))
+    # Steady state: conversations start before the trace does, and the trace is the
+    # requests inside its span.
+    arrivals = sorted((a for a in arrivals if 0.0 <= a[0] < horizon), key=lambda a: (a[0], a[1]))
+    for _, _, prompt in arrivals:
+        yield prompt
+
+
 def synthetic_half(which: int, path: Path = SYNTHETIC_TRACE) -> list[str]:
     """Half ``which`` (0: the first, 1: the second) of a Mooncake trace's lines, unchanged.
     The second half holds the odd line (the synthetic trace's: lines 1,997-3,993, the split
@@ -191,6 +244,7 @@ GENERATORS = {
     "two_turn_chat": two_turn_chat,
     "zipf_docs_scan": zipf_docs_scan,
     "multi_turn_chat": multi_turn_chat,
+    "long_gap_chat": long_gap_chat,
     "synthetic_first_half": synthetic_first_half,
     "synthetic_second_half": synthetic_second_half,
 }

@@ -1,10 +1,11 @@
-"""The Mooncake trace through vLLM's real CPUOffloadingManager: hit ratios of vLLM's own
-lru and arc and of kvbroker's policies through the adapter (broker/offload), at three CPU
-tier sizes, and the cost per policy call of the adapter against vLLM's LRU.
+"""The Mooncake trace through vLLM's real CPUOffloadingManager: hits of vLLM's own lru and
+arc and of kvbroker's policies through the adapter (broker/offload), the default first, each
+beside what ``kvbroker replay --engine vllm`` predicts for it, at three CPU tier sizes; and
+the cost per policy call of the adapter (kvbroker's lru and the default) against vLLM's LRU.
 
 Needs vLLM (``pip install 'kvbroker[vllm]'``)::
 
-    python bench/vllm_offload.py                      # the whole trace, three sizes
+    python bench/vllm_offload.py                      # the whole trace, 1M / 3M / 10M tokens
     python bench/vllm_offload.py --requests 1000 --sizes 0.02,0.05 --policies lru,arc
 
 Each request of tests/data/mooncake/synthetic_trace.jsonl (3,993 requests, 512-token
@@ -12,14 +13,18 @@ chunks given by prefix-chained hashes) is run as vLLM's scheduler runs it
 (tests/broker/offload/manager_driver.py): look up its chunks in order until a miss, load
 the hits, store the misses (the manager evicts through the policy), finish the request
 (token positions set, as vLLM's scheduler sets them). The hit ratio is chunks hit over
-chunks asked. Sizes are fractions of the trace's distinct chunks.
+chunks asked. Sizes are chunk counts (default 1,953 / 5,859 / 19,531: 1M, 3M and 10M
+tokens) or, below 1, fractions of the trace's distinct chunks. kvbroker's adapter reads the
+trace's time (each request at its arrival), as replay does; the prediction beside each
+figure is ``broker.replay.engine_vllm.replay_requests``, what ``kvbroker replay --engine
+vllm`` reports.
 
 Cost: every policy call the manager makes is timed on the calling thread's CPU clock
 (``time.thread_time_ns`` around it, less the clock's own cost: what it costs vLLM's
 scheduler thread, whatever else the machine runs), for vLLM's LRU and for the adapter
-running kvbroker's lru (no journal, and with a file journal), over the trace at the middle
-size; the median and the best of ``--repeat`` alternating runs are printed with their ratio
-to vLLM's LRU (target: at most 2x), and the process CPU time of each whole run (the
+running kvbroker's lru (no journal, and with a file journal) and the default policy, over
+the trace at the middle size; the median and the best of ``--repeat`` alternating runs are
+printed with their ratio to vLLM's LRU (target: at most 2x), and the process CPU time of each whole run (the
 manager, the policy and the journal's thread).
 """
 
@@ -36,15 +41,27 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from broker.config.settings import DEFAULT_POLICY  # noqa: E402
+from broker.replay.engine_vllm import replay_requests  # noqa: E402
 from tests.broker.offload.manager_driver import (  # noqa: E402
+    MOONCAKE,
     TimedPolicy,
     kvbroker_manager,
     mooncake,
-    mooncake_requests,
+    mooncake_at_trace_time,
     vllm_manager,
 )
 
-KVBROKER_POLICIES = "lru,arc,s3fifo,prefix_aware,adaptive,sieve,priority_lru"
+KVBROKER_POLICIES = f"{DEFAULT_POLICY},lru,arc,prefix_aware,adaptive,s3fifo,heavy_hitter,sieve"
+
+
+def timed_requests(limit: int | None) -> list[tuple[int, list[int]]]:
+    """(arrival in ms, hash ids) of the trace's first ``limit`` requests."""
+    import json
+
+    with MOONCAKE.open() as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(r["timestamp"], r["hash_ids"]) for r in rows[:limit]]
 
 
 def hit_ratio(manager: Any, requests: list[list[int]], evictions: list[Any] | None = None) -> float:
@@ -68,33 +85,54 @@ def cost(make: Any, requests: list[list[int]]) -> tuple[float, int, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--requests", type=int, default=None, help="the first N requests of the trace (default: all)")
-    parser.add_argument("--sizes", default="0.02,0.05,0.15", help="CPU tier sizes, as fractions of the trace's distinct chunks")
+    parser.add_argument(
+        "--sizes", default="1953,5859,19531", help="CPU tier sizes: chunk counts, or fractions (< 1) of the trace's distinct chunks"
+    )
     parser.add_argument("--policies", default=KVBROKER_POLICIES, help="kvbroker policies to run through the adapter")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each cost measurement (median and best are printed)")
     parser.add_argument("--cost-only", action="store_true", help="skip the hit ratio table")
     args = parser.parse_args()
 
-    requests = list(mooncake_requests(args.requests))
+    timed = timed_requests(args.requests)
+    requests = [ids for _, ids in timed]
     distinct = len({h for r in requests for h in r})
     asked = sum(len(r) for r in requests)
-    sizes = [max(1, int(float(f) * distinct)) for f in args.sizes.split(",")]
+    sizes = [int(f) if float(f) >= 1 else max(1, int(float(f) * distinct)) for f in args.sizes.split(",")]
     policies = [p for p in args.policies.split(",") if p]
     print(f"Mooncake synthetic trace: {len(requests)} requests, {asked} chunks asked, {distinct} distinct chunks")
-    print("hit ratio (chunks hit / chunks asked) through vLLM 0.33.0's CPUOffloadingManager")
-    columns = ["vllm:lru", "vllm:arc", *(f"kvbroker:{p}" for p in policies)]
-    print(f"{'CPU tier (chunks)':>18}  " + "  ".join(f"{c:>18}" for c in columns))
+    print("chunks hit through vLLM 0.33.0's CPUOffloadingManager, and replay's prediction (kvbroker replay --engine vllm)")
     same: list[str] = []
     for size in [] if args.cost_only else sizes:
+        print(f"\nCPU tier of {size} chunks ({size * 512:,} tokens)")
+        print(f"  {'policy':<28} {'in vLLM':>9} {'ratio':>7}   {'replay':>9} {'ratio':>7} {'diff':>7}")
         theirs: list[Any] = []
         ours: list[Any] = []
-        row = [hit_ratio(vllm_manager("lru", size), requests, theirs), hit_ratio(vllm_manager("arc", size), requests)]
+        vllm_best = 0
+        for name in ("lru", "arc"):
+            hit, _ = mooncake(vllm_manager(name, size), requests, evictions=theirs if name == "lru" else None)
+            vllm_best = max(vllm_best, hit)
+            print(f"  {'vLLM ' + name:<28} {hit:>9} {hit / asked:>7.4f}", flush=True)
+        best = ("", 0)
         for p in policies:
-            row.append(hit_ratio(kvbroker_manager(p, size), requests, ours if p == "lru" else None))
-        print(f"{size:>18}  " + "  ".join(f"{r:>18.4f}" for r in row), flush=True)
+            hit, _ = mooncake_at_trace_time(kvbroker_manager(p, size), timed)
+            if p == "lru":
+                mooncake(kvbroker_manager(p, size), requests, evictions=ours)
+            predicted = replay_requests(timed, size, p).hits
+            label = f"kvbroker {p}" + (" (default)" if p == DEFAULT_POLICY else "")
+            diff = (predicted - hit) / hit if hit else 0.0
+            print(f"  {label:<28} {hit:>9} {hit / asked:>7.4f}   {predicted:>9} {predicted / asked:>7.4f} {diff:>+7.1%}", flush=True)
+            if hit > best[1]:
+                best = (p, hit)
+        if DEFAULT_POLICY in policies:
+            mine, _ = mooncake_at_trace_time(kvbroker_manager(DEFAULT_POLICY, size), timed)
+            print(
+                f"  default against vLLM's best built-in: {mine / vllm_best:.3f}x; "
+                f"against kvbroker's best here ({best[0]}): {mine / best[1]:.1%} (target: > 1x, >= 98%)"
+            )
         if "lru" in policies:
             same.append(f"{size}: {'identical' if ours == theirs else 'DIFFERENT'} ({sum(len(e or ()) for e in theirs)} evictions)")
     if same:
-        print("kvbroker lru's evictions against vLLM lru's, store by store: " + "; ".join(same))
+        print("\nkvbroker lru's evictions against vLLM lru's, store by store: " + "; ".join(same))
 
     size = sizes[len(sizes) // 2]
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +142,7 @@ def main() -> int:
             "adapter, kvbroker lru, file journal": lambda: kvbroker_manager(
                 "lru", size, journal=f"file://{tmp}/j-{time.time_ns()}.journal"
             ),
+            f"adapter, kvbroker {DEFAULT_POLICY}, no journal": lambda: kvbroker_manager(DEFAULT_POLICY, size),
         }
         runs: dict[str, list[float]] = {name: [] for name in makers}
         whole: dict[str, list[float]] = {name: [] for name in makers}
@@ -126,7 +165,7 @@ def main() -> int:
             f"  {name:<38} {us:7.3f} us {us / base:5.2f}x  {low:7.3f} us {low / best:5.2f}x  {cpu:9.2f} s ({cpu / cpu_base:4.2f}x)"
             f"   ({calls[name]} calls; per-call runs: {', '.join(f'{v:.3f}' for v in values)})"
         )
-    print("  target: the adapter at most 2.00x vLLM's lru per call")
+    print("  target: the adapter at most 2.00x vLLM's lru per call (the default's included)")
     return 0
 
 

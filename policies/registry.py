@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "deadline_edf": "policies.deadline_edf:DeadlineEDFPolicy",
     "bayesian_reuse": "policies.bayesian_reuse:BayesianReusePolicy",
     "adaptive": "policies.adaptive:AdaptivePolicy",
+    "history_arc": "policies.history_arc:HistoryARCPolicy",
     "prefetch_oracle": "policies.prefetch_oracle:PrefetchOraclePolicy",
 }
 

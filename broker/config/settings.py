@@ -49,9 +49,16 @@ DEFAULT_TIERS = (
 )
 
 
+# The policy a broker runs when its config names none (serve, and vLLM's CachePolicy
+# through broker/offload/settings.py). history_arc was lru until issue 30: lru is what the
+# engines already do, and history_arc measured best or close to it on every trace the
+# project has, inside vLLM and in replay (docs/policies.md, "The default").
+DEFAULT_POLICY = "history_arc"
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
-    name: str = "lru"
+    name: str = DEFAULT_POLICY
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Policies that see the same events on their own copy of residency and only report.
     shadows: tuple[str, ...] = ()
@@ -294,7 +301,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"tiers: names must be unique, got {names}")
 
     pol = _table(root, "policy")
-    policy_name = _take(pol, "name", "policy.", str, "lru")
+    policy_name = _take(pol, "name", "policy.", str, DEFAULT_POLICY)
     params = _take(pol, "params", "policy.", dict, {})
     shadows = _take(pol, "shadows", "policy.", list, [])
     split = _split(_take(pol, "split", "policy.", dict, {}))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from broker.config import ConfigError, CoreConfig, PolicyConfig, TierConfig
-from broker.config.settings import DEFAULT_HISTORY_GHOSTS, check_history_ghosts, validate_policy
+from broker.config.settings import DEFAULT_HISTORY_GHOSTS, DEFAULT_POLICY, check_history_ghosts, validate_policy
 from broker.journal.redis_urls import is_redis_url
 from broker.offload.security_env import security_problem
 
@@ -44,7 +44,7 @@ class OffloadSettings:
     # "embedded": the policy runs in vLLM's scheduler process; "sidecar": a kvbroker serve decides.
     mode: str = "embedded"
     # A registered kvbroker policy (``kvbroker policies`` lists them) and its parameters.
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     policy_params: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Where decisions are journaled: none, file://PATH or redis://HOST:PORT/DB (also rediss://,
     # unix://, redis+cluster://); "{pid}" is replaced by the process id, "{rank}" by vLLM's

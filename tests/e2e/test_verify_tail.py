@@ -27,7 +27,7 @@ def write_journal(path: Path) -> None:
     """A closed embedded journal: the start, 300 batches of one allocation each (room for
     all: no directive, so a lost batch changes no decision the directives could show), the
     trailer."""
-    core = EmbeddedCore(OffloadSettings(journal=f"file://{path}", client_id="tail-test"), 10_000)
+    core = EmbeddedCore(OffloadSettings(policy="lru", journal=f"file://{path}", client_id="tail-test"), 10_000)
     intent = events.intent_fields("r")
     for n in range(BATCHES):
         core.apply([events.allocated(events.timestamp(n + 1), events.id_field(f"c{n}"), intent)])

@@ -22,6 +22,7 @@ import pathlib
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
@@ -273,6 +274,23 @@ def mooncake(
         hit += len(hits)
         asked += len(keys)
     return hit, asked
+
+
+def mooncake_at_trace_time(manager: CPUOffloadingManager, requests: list[tuple[int, list[int]]]) -> tuple[int, int]:
+    """``mooncake`` on (arrival in ms, hash ids) requests with kvbroker's adapter reading
+    the trace's time (each request at its arrival), as replay does: run back to back, the
+    wall clock would put the whole trace in seconds, and policies that read event time
+    would see another workload. vLLM's own policies read no clock."""
+    from broker.offload import translate
+
+    arrivals = [t for t, _ in requests]
+    now = [0]
+    real = translate.time
+    translate.time = SimpleNamespace(time_ns=lambda: now[0], monotonic_ns=real.monotonic_ns)  # type: ignore[assignment]
+    try:
+        return mooncake(manager, [ids for _, ids in requests], on_request=lambda n: now.__setitem__(0, arrivals[n] * 1_000_000))
+    finally:
+        translate.time = real
 
 
 class TimedPolicy:

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -62,24 +61,9 @@ def whole() -> list[tuple[int, list[int]]]:
 
 def in_vllm(policy: str, size: int, requests: list[tuple[int, list[int]]]) -> int:
     """The hits inside vLLM's manager, with the adapter's event time the trace's (replay's
-    event time): each request at its arrival, as in a server that serves it then. (Run
-    back to back, the wall clock would put the whole trace in a few seconds, and policies
-    that read event time would see another workload.)"""
-    from broker.offload import translate
-
+    event time: ``manager_driver.mooncake_at_trace_time``)."""
     d = driver()
-    arrivals = [t for t, _ in requests]
-    now = [0]
-    real = translate.time
-    translate.time = SimpleNamespace(time_ns=lambda: now[0], monotonic_ns=real.monotonic_ns)  # type: ignore[assignment]
-    try:
-        hits, _ = d.mooncake(
-            d.kvbroker_manager(policy, size),
-            [ids for _, ids in requests],
-            on_request=lambda n: now.__setitem__(0, arrivals[n] * 1_000_000),
-        )
-    finally:
-        translate.time = real
+    hits, _ = d.mooncake_at_trace_time(d.kvbroker_manager(policy, size), requests)
     return hits
 
 
