@@ -252,7 +252,7 @@ def test_a_hinted_request_keeps_its_chunks_under_priority_lru() -> None:
         assert manager._policy.translator.stats.hinted_requests == 1
 
 
-@pytest.mark.parametrize(("policy", "other"), [("s3fifo", "lru"), ("lru", "s3fifo"), ("arc", "lru")])
+@pytest.mark.parametrize(("policy", "other"), [("s3fifo", "lru"), ("lru", "s3fifo"), ("arc", "lru"), ("history_arc", "lru")])
 def test_the_embedded_journal_replays_with_verify(tmp_path: Path, policy: str, other: str) -> None:
     """The journal (with request-scoped events: token positions) replays to the same
     evictions, and runs another policy on the same traffic."""
