@@ -16,6 +16,11 @@
   plus its answer and a new message) over a few shared system prompts, conversations
   Zipf-popular (see ``multi_turn_chat``'s docstring for every parameter). About 10k
   requests and 270k chunks asked at the defaults. ``--seed N`` draws another.
+- ``long_gap_chat``: chat whose conversations come back long after their last turn (an
+  exponential 1,500 requests later), a Pareto-distributed number of turns, one shared
+  system chunk: a 1M-token tier holds under a hundred requests, LRU finds little but the
+  system chunk and frequency with a long memory decides (see ``long_gap_chat``'s
+  docstring). About 10k requests and 226k chunks asked.
 - ``synthetic_first_half`` / ``synthetic_second_half``: the first and the second half of
   tests/data/mooncake/synthetic_trace.jsonl (its lines unchanged).
 

@@ -103,3 +103,27 @@ def test_kvbroker_replay_reads_the_written_trace(tmp_path: Path, capsys: pytest.
     assert record["prompt_blocks"] == sum(map(len, requests))
     assert record["rejected_events"] == 0
     assert record["prefix_hits"] > 0
+
+
+def test_long_gap_chat_is_seeded_and_its_conversations_return_long_after() -> None:
+    """Every request starts with the shared chunk 0; a conversation's next turn repeats the
+    last prompt but its final (partial) chunk and adds 2-4 new ones, and comes back far
+    apart: most returns come after more requests than a 1M-token tier (1,953 chunks) holds."""
+    requests = list(gen.long_gap_chat(1, conversations=3000))
+    assert requests == list(gen.long_gap_chat(1, conversations=3000))
+    assert requests != list(gen.long_gap_chat(2, conversations=3000))
+    assert all(r[0] == 0 and len(r) <= 241 for r in requests)
+    last_seen: dict[int, int] = {}  # a conversation's first own chunk -> index of its last request
+    gaps = []
+    continuations = 0
+    for i, prompt in enumerate(requests):
+        if len(prompt) < 2:
+            continue
+        head = prompt[1]
+        if head in last_seen:
+            continuations += 1
+            gaps.append(i - last_seen[head])
+        last_seen[head] = i
+    assert 0.2 < continuations / len(requests) < 0.8
+    held = 1953 // (sum(map(len, requests)) // len(requests))  # requests a 1M-token tier holds
+    assert sorted(gaps)[len(gaps) // 2] > 2 * held
