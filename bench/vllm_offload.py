@@ -112,7 +112,7 @@ def main() -> int:
             hit, _ = mooncake(vllm_manager(name, size), requests, evictions=theirs if name == "lru" else None)
             vllm_best = max(vllm_best, hit)
             print(f"  {'vLLM ' + name:<28} {hit:>9} {hit / asked:>7.4f}", flush=True)
-        best = ("", 0)
+        leader = ("", 0)
         for p in policies:
             hit, _ = mooncake_at_trace_time(kvbroker_manager(p, size), timed)
             if p == "lru":
@@ -121,13 +121,13 @@ def main() -> int:
             label = f"kvbroker {p}" + (" (default)" if p == DEFAULT_POLICY else "")
             diff = (predicted - hit) / hit if hit else 0.0
             print(f"  {label:<28} {hit:>9} {hit / asked:>7.4f}   {predicted:>9} {predicted / asked:>7.4f} {diff:>+7.1%}", flush=True)
-            if hit > best[1]:
-                best = (p, hit)
+            if hit > leader[1]:
+                leader = (p, hit)
         if DEFAULT_POLICY in policies:
             mine, _ = mooncake_at_trace_time(kvbroker_manager(DEFAULT_POLICY, size), timed)
             print(
                 f"  default against vLLM's best built-in: {mine / vllm_best:.3f}x; "
-                f"against kvbroker's best here ({best[0]}): {mine / best[1]:.1%} (target: > 1x, >= 98%)"
+                f"against kvbroker's best here ({leader[0]}): {mine / leader[1]:.1%} (target: > 1x, >= 98%)"
             )
         if "lru" in policies:
             same.append(f"{size}: {'identical' if ours == theirs else 'DIFFERENT'} ({sum(len(e or ()) for e in theirs)} evictions)")
