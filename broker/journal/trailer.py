@@ -5,6 +5,9 @@ The payload is JSON: the writer's ``client_id``, the ``first_seq`` and ``last_se
 batches it appended (its own batch numbering) and their number, ``batches``. A writer that
 was killed, or whose last records could not be written, leaves none: its batches then have
 no count to be checked against, and a reader says it cannot tell whether the tail is whole.
+
+A writer serving many clients (``kvbroker serve``) writes one trailer per client, each
+numbering its own batches (``TrailerTally``); the embedded core writes one, its own.
 """
 
 from __future__ import annotations
@@ -33,3 +36,29 @@ class Trailer:
         except (ValueError, KeyError, TypeError) as exc:
             raise JournalError(f"malformed trailer record ({type(exc).__name__}: {exc})") from None
         return trailer
+
+
+class TrailerTally:
+    """The batches one writer journaled, client by client: the trailers it writes as it
+    closes. One dict entry per client (as the cores' ``client_seq``), updated in O(1) per
+    batch on the request path."""
+
+    def __init__(self) -> None:
+        # client id -> [lowest batch seq, highest batch seq, batches]. Lowest and highest,
+        # not first and last: one client id under two tenants numbers its batches twice,
+        # and the reader counts the client's batches between the two (broker.replay.tail).
+        self._clients: dict[str, list[int]] = {}
+
+    def add(self, client_id: str, seq: int) -> None:
+        counts = self._clients.get(client_id)
+        if counts is None:
+            self._clients[client_id] = [seq, seq, 1]
+            return
+        if seq < counts[0]:
+            counts[0] = seq
+        elif seq > counts[1]:
+            counts[1] = seq
+        counts[2] += 1
+
+    def trailers(self) -> list[Trailer]:
+        return [Trailer(client, low, high, batches) for client, (low, high, batches) in self._clients.items()]

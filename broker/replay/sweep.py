@@ -11,6 +11,7 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -225,25 +226,46 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
             if overall is not None:
                 overall.update(counter.value)
     except BaseException:
-        # One job failed (or ^C): the error is the answer. The jobs not started are dropped
-        # and the workers stopped and waited for, so that none outlives this call: a worker
-        # still starting when the parent returned failed to open the shared counter's
-        # semaphore (unlinked with it) and printed a traceback under the one-line error.
-        # Python 3.11's executor can neither stop its workers nor wait for them after a
-        # shutdown(wait=False), hence its _processes (ProcessPoolExecutor.terminate_workers
-        # is 3.14's).
-        workers_now = list((pool._processes or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in workers_now:
-            process.terminate()
-        for process in workers_now:
-            process.join(10)
+        # One job failed (or ^C): the error is the answer; no worker may outlive this call
+        # (one still starting when the parent returned failed to open the shared counter's
+        # semaphore, unlinked with it, and printed a traceback under the one-line error).
+        _stop_workers(pool)
         raise
     finally:
         if overall is not None:
             overall.close()
         pool.shutdown(wait=True)
     return [r for r in out if r is not None]
+
+
+# How long a failed sweep waits for its stopped workers (and the executor's thread) to end.
+STOP_S = 10.0
+
+
+def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Drop the jobs not started, stop the workers and wait until each has ended and is
+    reaped. Python 3.11's executor can neither stop its workers nor wait for them after a
+    shutdown(wait=False), hence its _processes and _executor_manager_thread
+    (ProcessPoolExecutor.terminate_workers is 3.14's). With spawn every worker is started
+    in submit(), on this thread, so the snapshot holds them all (the executor's thread
+    starts one only to replace a worker that exited under max_tasks_per_child, unused).
+
+    Once they are stopped, the executor's thread reaps them (it sees the pool broken and
+    joins every worker): wait for that thread, then join. Joining beside it raced it: two
+    threads waiting for one child, the loser's waitpid gets ECHILD, which multiprocessing
+    reads as "still running", so its join returned with the worker still listed as a child
+    (multiprocessing.active_children) until the other thread recorded the exit code;
+    seen under load, 1 run in 20 (tests/broker/replay/test_sweep_processes.py)."""
+    workers = list((pool._processes or {}).values())
+    # Read before shutdown() forgets it (typeshed's type for it is wrong: it is the thread).
+    manager: threading.Thread | None = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.terminate()
+    if manager is not None:
+        manager.join(STOP_S)
+    for process in workers:
+        process.join(STOP_S)  # reaped by the executor's thread: this drops it from the children
 
 
 def job_label(job: Job) -> str:

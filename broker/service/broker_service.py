@@ -27,7 +27,9 @@ from broker.config import (
     with_policy,
 )
 from broker.journal import Journal, JournalRecord, RecordKind
+from broker.journal.base import NullJournal
 from broker.journal.payloads import BadRecord, batch_problem, config_problem
+from broker.journal.trailer import TrailerTally
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
 from broker.model.core import Core
@@ -177,6 +179,10 @@ class BrokerService:
         # Set by the servicer: streams refused at open by reason, and ended by a revoked token.
         self.refused_streams: dict[str, int] = {}
         self.revoked_streams = 0
+        # The batches this process journaled, by client: the trailers a clean stop writes
+        # (write_trailers), so that replay --verify can tell the journal's tail is whole.
+        # Recovered batches are not counted: the process that journaled them did (or not).
+        self.tally = TrailerTally()
         if first is None or config.core != self.core_config:
             generation = self.generation + 1 if first is not None else self.generation
             self._follow(config.core, generation, force=first is None)
@@ -323,9 +329,23 @@ class BrokerService:
         if not outcome.applied:
             return answer, 0
         ordinal = self.journal.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
+        self.tally.add(client_key(batch.tenant, batch.client_id), batch.batch_seq)
         if self.journal_directives and outcome.directives:
             ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, data))
         return answer, ordinal if self.ack_after_journal else 0
+
+    def write_trailers(self) -> int:
+        """Queue one trailer per client this process journaled batches of (broker.journal.trailer),
+        after its last batch: the clean stop's, once no call can submit any more (a batch
+        journaled after them would be counted by none, and read as a tail that cannot be told,
+        not as a whole one). Returns how many."""
+        if isinstance(self.journal, NullJournal):
+            return 0
+        trailers = self.tally.trailers()
+        self.tally = TrailerTally()  # a second stop writes none again
+        for trailer in trailers:
+            self.journal.append(trailer.record(SCHEMA_MAJOR, self.generation))
+        return len(trailers)
 
     def tier_usage(self) -> list[tuple[str, int, int, int, int]]:
         """(name, blocks, bytes, capacity, pinned bytes) per tier, summed over split arms."""

@@ -466,10 +466,13 @@ class RunningBroker:
         self.telemetry = telemetry
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop taking calls, let running ones finish within ``grace``, flush the journal."""
+        """Stop taking calls, let running ones finish within ``grace``, write the trailers
+        (what this process journaled, by client: replay --verify counts the journal's batches
+        against them) and flush the journal."""
         if self.health is not None:
             await self.health.stop()  # NOT_SERVING first: probes and balancers stop sending
         await self.server.stop(grace)
+        self.service.write_trailers()
         await self.service.journal.close()
         if self.telemetry is not None:
             await self.telemetry.stop()  # last: the final OTLP push sees the flushed journal
