@@ -29,8 +29,12 @@ ENV_PREFIX: Final = "KVBROKER_VLLM_"
 MODES: Final = ("embedded", "sidecar")
 # The one tier of the embedded core: vLLM's CPU tier, one byte per chunk.
 TIER: Final = "cpu"
+# The what-if sizes' sampling rate: measured error and cost in docs/vllm.md ("What-if sizes").
+DEFAULT_WHATIF_SAMPLE: Final = 0.1
 # Directives the embedded core remembers for acknowledgements that never come.
 OUTSTANDING: Final = 1024
+# The largest what-if size, as a multiple of the tier (a bound on a shadow's memory).
+MAX_WHATIF: Final = 64.0
 
 
 class SettingsError(ValueError):
@@ -75,6 +79,14 @@ class OffloadSettings:
     # the CPU tier's chunks (CoreConfig.history_ghosts): a chunk vLLM stores again comes back
     # with its history, a re-reference.
     history_ghosts: float = DEFAULT_HISTORY_GHOSTS
+    # Shadow policies (broker/offload/shadows.py): each runs on the same requests at the
+    # tier's capacity, deciding nothing; their hits are reported beside the decider's.
+    shadows: tuple[str, ...] = ()
+    # What-if sizes: the deciding policy at these multiples of the tier's capacity.
+    whatif: tuple[float, ...] = ()
+    # The spatial sampling rate of the what-if sizes (SHARDS): the share of keys simulated,
+    # in a cache that much smaller (1 = exact).
+    whatif_sample: float = DEFAULT_WHATIF_SAMPLE
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -169,6 +181,50 @@ def _ghosts(value: Any, where: str) -> float:
         raise SettingsError(str(exc)) from None
 
 
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    """A list of policy names: a comma-separated string or a JSON/Python list of strings."""
+    if isinstance(value, str):
+        items: list[Any] = [part.strip() for part in value.split(",")] if value.strip() else []
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SettingsError(f"{where}: expected policy names separated by commas, got {type(value).__name__}")
+    names: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise SettingsError(f"{where}[{i}]: expected a policy name, got {item!r}")
+        if item in names:
+            raise SettingsError(f"{where}[{i}]: {item!r} is named twice")
+        names.append(item)
+    return tuple(names)
+
+
+def _multiples(value: Any, where: str) -> tuple[float, ...]:
+    """What-if sizes: multiples of the tier, > 0, comma-separated or a list of numbers."""
+    if isinstance(value, str):
+        items: list[Any] = [part.strip() for part in value.split(",")] if value.strip() else []
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SettingsError(f"{where}: expected multiples of the tier separated by commas (e.g. 0.5,2,4), got {type(value).__name__}")
+    out: list[float] = []
+    for i, item in enumerate(items):
+        multiple = _number(item, f"{where}[{i}]")
+        if multiple > MAX_WHATIF:
+            raise SettingsError(f"{where}[{i}]: at most {MAX_WHATIF:g} times the tier, got {multiple:g}")
+        if multiple in out:
+            raise SettingsError(f"{where}[{i}]: {multiple:g} is named twice")
+        out.append(multiple)
+    return tuple(out)
+
+
+def _rate(value: Any, where: str) -> float:
+    rate = _number(value, where)
+    if rate > 1.0:
+        raise SettingsError(f"{where}: a sampling rate is in (0, 1], got {rate:g}")
+    return rate
+
+
 def _non_empty(value: Any, where: str) -> str:
     text = _text(value, where)
     if not text:
@@ -192,6 +248,9 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "fallback_policy": _text,
     "broker_tier": _text,
     "history_ghosts": _ghosts,
+    "shadows": _names,
+    "whatif": _multiples,
+    "whatif_sample": _rate,
 }
 
 
@@ -224,6 +283,11 @@ def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, 
             validate_policy(settings.core_config(1, settings.fallback_policy))
         except ConfigError as exc:
             raise SettingsError(f"{_where('fallback_policy', extra)}: {str(exc).partition(': ')[2]}") from None
+    for i, name in enumerate(settings.shadows):
+        try:
+            validate_policy(dataclasses.replace(settings, policy=name, policy_params={}).core_config(1))
+        except ConfigError as exc:
+            raise SettingsError(f"{_where('shadows', extra)}[{i}]: {str(exc).partition(': ')[2]}") from None
     if settings.mode == "sidecar" and not settings.broker:
         raise SettingsError(f"{_where('broker', extra)}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
     problem = security_problem(env) if settings.mode == "sidecar" else None

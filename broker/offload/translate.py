@@ -173,6 +173,8 @@ class Translator:
         self.by_id: dict[str, Any] = {}
         # Keys vLLM holds non-evictable (ref_cnt != 0: a store in flight, a load reading it).
         self.held: set[Any] = set()
+        # The token positions of the last finished request's keys (None: some had none).
+        self.finished_positions: dict[Any, int] | None = None
         self.stats = TranslatorStats()
         self._buffer: list[bytes] = []
         # Sidecar mode sets it lower: the broker should have the calls before it is asked.
@@ -400,15 +402,17 @@ class Translator:
         insertion_only_keys: set[Any],
         reused_keys: set[Any],
         req_context: Any,
-    ) -> None:
+    ) -> list[Any]:
         """The request is done with its chunks: every resident one, tail first (vLLM's LRU
         makes the head the most recent). The chunks it loaded (``reused_keys``) go as reads,
         the rest (stored, or kept from before) as refreshes: used, not read, so a policy
         that counts reuse (arc) does not count them, and recency is vLLM LRU's exactly
-        (each run of one kind is one event, in order). Then the request's scope ends."""
+        (each run of one kind is one event, in order). Then the request's scope ends.
+        Returns the request's keys head to tail (the shadows replay them)."""
         entries = self.entries
         runs: list[tuple[bool, list[bytes]]] = []
-        for key in reversed(prefix_order(key_groups, req_context)):
+        order, self.finished_positions = prefix_order(key_groups, req_context)
+        for key in reversed(order):
             entry = entries.get(key)
             if entry is None:
                 continue
@@ -419,15 +423,16 @@ class Translator:
                 runs.append((read, [entry[2]]))
         intent = self.request_intent(req_context)
         if not runs and not intent.scope_field:
-            return
+            return order
         ts = self.timestamp()
         self._hint_updates(ts, intent, [field for _, fields in runs for field in fields])
         if not runs:
             self.record(events.ending_accessed(ts, (), intent.scope_field))
-            return
+            return order
         last = len(runs) - 1
         for i, (read, fields) in enumerate(runs):
             self.record(events.ending_accessed(ts, fields, intent.scope_field if i == last else b"", refresh_only=not read))
+        return order
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
         """The request's chunks are used while it runs: a scoped access (the request id as
@@ -533,18 +538,19 @@ class Translator:
         self.record(events.cleared(self.timestamp()))
 
 
-def prefix_order(key_groups: Sequence[Sequence[Any]], req_context: Any) -> list[Any]:
+def prefix_order(key_groups: Sequence[Sequence[Any]], req_context: Any) -> tuple[list[Any], dict[Any, int] | None]:
     """A request's keys in one head-to-tail order: the groups' keys, sorted by their token
-    position when the request knows every key's position, else as given."""
+    position when the request knows every key's position, else as given; and the positions
+    (None when some key has none)."""
     keys = [key for group in key_groups for key in group]
     position = getattr(req_context, "get_offload_key_position", None)
     if position is None:
-        return keys
+        return keys, None
     where = {}
     for key in keys:
         at = position(key)
         if at is None:
-            return keys
+            return keys, None
         where[key] = at
     keys.sort(key=where.__getitem__)
-    return keys
+    return keys, where

@@ -24,7 +24,9 @@ another policy on the same traffic.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
@@ -35,7 +37,8 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
 from broker.offload.embedded import EmbeddedCore, close_at_exit
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
-from broker.offload.translate import Decider, Translator
+from broker.offload.shadows import ShadowSet, describe_shadows
+from broker.offload.translate import Decider, RequestIntent, Translator
 
 # Under vLLM's logger, so that vLLM's logging configuration shows it.
 log = logging.getLogger("vllm.kvbroker")
@@ -105,13 +108,18 @@ class KvbrokerCachePolicy(CachePolicy):
         self.evict = translator.evict  # type: ignore[method-assign]
         # At exit, what is buffered goes to the core and the journal (this runs before the
         # journal thread's own close, registered earlier; in vLLM's forked engine core too).
+        # The decider's figure, the shadows and the what-if sizes (broker/offload/shadows.py).
+        self.capacity = cache_capacity
+        self.shadows = ShadowSet(self.settings, cache_capacity)
+        self.shadow_errors = 0
         close_at_exit(self.close)
         log.info(
-            "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s",
+            "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s%s",
             self.settings.policy,
             self.settings.mode,
             cache_capacity,
             self.settings.resolved_journal(),
+            describe_shadows(self.shadows),
         )
 
     @override
@@ -148,7 +156,18 @@ class KvbrokerCachePolicy(CachePolicy):
         reused_keys: set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
-        self.translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        translator = self.translator
+        order = translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        try:
+            self.shadows.request(
+                order, reused_keys, req_context, req_context.get_state(RequestIntent), translator._ts_ms, translator.finished_positions
+            )
+        except Exception:
+            # A shadow decides nothing: its failure must not reach vLLM. It is counted and
+            # logged (the first few), and the figures go on without that request.
+            self.shadow_errors += 1
+            if self.shadow_errors <= 3:
+                log.exception("kvbroker: a shadow failed on a request (error %d)", self.shadow_errors)
 
     @override
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
@@ -158,6 +177,7 @@ class KvbrokerCachePolicy(CachePolicy):
     @override
     def clear(self) -> None:
         self.translator.clear()
+        self.shadows.clear()
 
     @override
     def mark_evictable(self, key: OffloadKey) -> None:
@@ -166,6 +186,19 @@ class KvbrokerCachePolicy(CachePolicy):
     @override
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self.translator.mark_non_evictable(key)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the policy reports (vllm_report: log lines, metrics, status file): the
+        decider's hits and those of its shadows and what-if sizes. Cheap, and safe to call
+        from another thread (it reads counters)."""
+        return {
+            "client_id": self.local.client_id,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "policy": self.settings.policy,
+            "capacity": self.capacity,
+            "rows": self.shadows.rows(),
+        }
 
     def flush(self) -> None:
         """Apply what is buffered and wait until the journal holds it (tests, shutdown)."""

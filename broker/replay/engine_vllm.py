@@ -29,6 +29,7 @@ from typing import Any
 from broker.config import CoreConfig
 from broker.offload import events
 from broker.offload.embedded import EmbeddedCore
+from broker.offload.manager_model import EmulatedManager
 from broker.offload.settings import OffloadSettings
 from broker.offload.translate import Translator
 from broker.replay.replay import ReplayResult
@@ -43,15 +44,6 @@ def chunk_key(hash_id: str | int) -> bytes:
     manager driver makes it (8 bytes of hash, 4 of group index)."""
     n = int(hash_id[1:]) if isinstance(hash_id, str) else hash_id
     return n.to_bytes(8, "big") + b"\0\0\0\0"
-
-
-class _Chunk:
-    """vLLM's ChunkStatus: ``ref_cnt`` -1 while being written, then the readers' count."""
-
-    __slots__ = ("ref_cnt",)
-
-    def __init__(self) -> None:
-        self.ref_cnt = -1
 
 
 class _Request:
@@ -103,99 +95,6 @@ class EngineResult:
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.asked if self.asked else 0.0
-
-
-class EmulatedManager:
-    """The part of vLLM 0.33's CPUOffloadingManager a sequential request stream exercises,
-    driving a CachePolicy (the adapter): lookups, loads, stores with evictions, finishes.
-    Loads and stores complete at once (one request at a time), so every chunk is ready."""
-
-    def __init__(self, policy: Translator, num_chunks: int) -> None:
-        self.policy = policy
-        self.num_chunks = num_chunks
-        self.used = 0
-        self.evictable = 0
-        self.stores = 0
-        self.stores_refused = 0
-        self.evictions = 0
-
-    def run(self, keys: Sequence[bytes], req: _Request) -> int:
-        """One request: its prefix hits loaded, its misses stored, finished; the hits."""
-        policy = self.policy
-        get = policy.get
-        hits: list[bytes] = []
-        for key in keys:
-            if get(key) is None:
-                break
-            hits.append(key)
-        seen: dict[bytes, None] = {}
-        inserted: set[bytes] = set()
-        reused: set[bytes] = set()
-        if hits:
-            # prepare_load: each chunk read (ref_cnt 0 -> 1, non-evictable), recorded as a
-            # request access (the new keys), then complete_load (back to evictable).
-            for key in hits:
-                policy.mark_non_evictable(key)
-            self._record(hits, req, seen)
-            reused.update(hits)
-            for key in hits:
-                policy.mark_evictable(key)
-        misses = keys[len(hits) :]
-        if misses:
-            self._store(list(misses), req, seen, inserted, reused)
-        self._finish(seen, inserted, reused, req)
-        return len(hits)
-
-    def _record(self, keys: Iterable[bytes], req: _Request, seen: dict[bytes, None]) -> None:
-        new = [key for key in keys if key not in seen]
-        for key in new:
-            seen[key] = None
-        if new:
-            self.policy.on_request_access(new, req)
-
-    def _store(self, keys: list[bytes], req: _Request, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes]) -> None:
-        policy = self.policy
-        # Every chunk is ready here, so each key is either stored now or a resident reuse,
-        # and the manager records the request's access of all of them.
-        to_store: list[bytes] = []
-        existing: list[bytes] = []
-        for key in keys:
-            (to_store if policy.get(key) is None else existing).append(key)
-        self._record(keys, req, seen)
-        reused.update(key for key in existing if key not in inserted)
-        if not to_store:
-            return
-        need = len(to_store) - (self.num_chunks - self.used)
-        if need > 0:
-            if need > self.evictable:
-                self.stores_refused += 1
-                return
-            evicted = policy.evict(need, set(keys))
-            if evicted is None:
-                self.stores_refused += 1
-                return
-            self.evictable -= len(evicted)
-            self.used -= len(evicted)
-            self.evictions += len(evicted)
-        self.used += len(to_store)
-        for key in to_store:
-            policy.insert(key, _Chunk(), req)
-        inserted.update(to_store)
-        self.stores += 1
-        # complete_store: written, evictable.
-        for key in to_store:
-            chunk = policy.get(key)
-            if chunk is not None and chunk.ref_cnt < 0:
-                chunk.ref_cnt = 0
-                self.evictable += 1
-                policy.mark_evictable(key)
-
-    def _finish(self, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes], req: _Request) -> None:
-        keys = list(seen)
-        positions = {key: at for key in keys if (at := req.get_offload_key_position(key)) is not None}
-        if len(positions) == len(keys):
-            keys.sort(key=positions.__getitem__)
-        self.policy.on_request_finished((tuple(keys),) if keys else (), inserted - reused, reused, req)
 
 
 def replay_requests(

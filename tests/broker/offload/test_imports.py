@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-ROOM = ("broker.offload", "broker.offload.settings", "broker.offload.events", "broker.offload.embedded", "broker.offload.translate")
+ROOM = (
+    "broker.offload",
+    "broker.offload.settings",
+    "broker.offload.events",
+    "broker.offload.embedded",
+    "broker.offload.translate",
+    "broker.offload.shadows",
+    "broker.offload.manager_model",
+)
 FORBIDDEN = ("broker.service", "grpc", "grpc.aio", "broker.replay", "broker.cli")
 
 
