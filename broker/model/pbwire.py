@@ -18,11 +18,12 @@ Hot paths do not call ``field_*``: they make their keys once (``key(...)`` at im
 module constant) and inline ``SMALL[n] if n < 128 else varint(n)`` for a length, since a
 Python call costs about as much as the rest of a short field (broker/offload/events.py).
 
-The native answer writer (broker/model/_answer.c: DirectiveBatch bytes) mirrors these
-functions in C (its "wire helpers" section: ``put_varint``, ``put_u64``, ``put_str``,
-``put_double``, ``put_bool``). tests/broker/model/test_pbwire.py holds this module equal to
-protobuf's own SerializeToString; tests/broker/model/test_answer.py holds the C writer equal
-to it (in the compiled build).
+The native answer writer (broker/model/_answer.c: DirectiveBatch bytes; C cannot import
+this) mirrors these functions in its "wire helpers" section (``put_varint``, ``put_u64``,
+``put_str``, ``put_double``, ``put_bool``, each with its size). tests/broker/model/test_pbwire.py
+holds this module equal to protobuf's SerializeToString; tests/broker/model/test_answer.py
+holds the C writer's bytes equal to both protobuf's and a DirectiveBatch written with this
+module (``pbwire_answer``), in the compiled build (the pure-Python build has no C writer).
 """
 
 from __future__ import annotations
