@@ -27,7 +27,7 @@ import dataclasses
 import random
 from array import array
 
-from broker.model.wire import length_delimited, varint
+from broker.model.pbwire import key, length_delimited, varint
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -38,6 +38,12 @@ ITERATION_US = 10_000
 CONCURRENCY = 16
 HINTED_REQUESTS = 2  # requests announced DECODE_CRITICAL per iteration
 HINTED_BLOCKS = 2  # of each, its newest blocks
+
+# Keys of the fields written by hand around the pre-encoded events (broker.model.pbwire).
+_CLIENT_ID = key(pb.IntentBatch, "client_id")
+_BATCH_SEQ = key(pb.IntentBatch, "batch_seq")
+_EVENTS = key(pb.IntentBatch, "events")
+_BATCH = key(spb.StreamRequest, "batch")
 
 # Tiers of the broker the bench starts: four engines' working sets (~2 GiB) press on HBM.
 BENCH_TIERS = """\
@@ -71,12 +77,12 @@ def run_tag(nonce: str, run: int) -> bytes:
 def intent_batch(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
     """``IntentBatch{client_id, batch_seq, events}`` on the wire; ``events`` is a slice of
     the blob (already tagged ``events`` fields)."""
-    return length_delimited(b"\x0a", client_id) + b"\x10" + varint(batch_seq) + events
+    return length_delimited(_CLIENT_ID, client_id) + _BATCH_SEQ + varint(batch_seq) + events
 
 
 def stream_request(client_id: bytes, batch_seq: int, events: bytes) -> bytes:
     """``StreamRequest{batch: IntentBatch{...}}`` on the wire (``intent_batch``)."""
-    return length_delimited(b"\x12", intent_batch(client_id, batch_seq, events))
+    return length_delimited(_BATCH, intent_batch(client_id, batch_seq, events))
 
 
 def hello_request(client_id: str) -> bytes:
@@ -86,7 +92,7 @@ def hello_request(client_id: str) -> bytes:
 def cleared_events(ts_us: int) -> bytes:
     """One ``cleared`` event (every block of the client goes), as an ``events`` field."""
     raw = pb.Event(ts_us=ts_us, cleared=pb.AllBlocksCleared()).SerializeToString()
-    return length_delimited(b"\x1a", raw)
+    return length_delimited(_EVENTS, raw)
 
 
 @dataclasses.dataclass
@@ -206,7 +212,7 @@ def encode_workload(client: int, count: int, seed: int = 1, *, prefix_cache: boo
     while len(parts) < count:
         for event in workload.iteration():
             raw = event.SerializeToString()
-            field = length_delimited(b"\x1a", raw)
+            field = length_delimited(_EVENTS, raw)
             parts.append(field)
             position += len(field)
             offsets.append(position)

@@ -39,6 +39,13 @@ static const char *const NAME_STR[N_NAMES] = {"directive_id", "kind",      "bloc
                                               "policy",       "score",     "reason",          "arrive_by_us",     "size",
                                               "generation",   "batch_seq", "accepted_events", "config_generation"};
 
+/* Wire helpers: the only code here that writes protobuf encoding, the C mirror of
+ * broker/model/pbwire.py (varint, field_varint, field_str, field_double, field_bool; every
+ * key here is one byte). Each field has a size and a write: the sizes are summed first, so
+ * that the output is allocated once at its exact size. A field at its proto3 default is
+ * neither counted nor written, as protobuf leaves it out. tests/broker/model/test_answer.py
+ * holds the output equal to protobuf's SerializeToString, as test_pbwire.py holds pbwire. */
+
 static inline Py_ssize_t varint_len(uint64_t v) {
     Py_ssize_t n = 1;
     while (v >= 0x80) {
@@ -54,6 +61,46 @@ static inline uint8_t *put_varint(uint8_t *p, uint64_t v) {
         v >>= 7;
     }
     *p++ = (uint8_t)v;
+    return p;
+}
+
+/* A varint field (uint64; int64 and enums passed as their two's complement). */
+static inline Py_ssize_t u64_size(uint64_t v) { return v ? 1 + varint_len(v) : 0; }
+
+static inline uint8_t *put_u64(uint8_t *p, uint8_t tag, uint64_t v) {
+    if (v == 0) return p;
+    *p++ = tag;
+    return put_varint(p, v);
+}
+
+/* A string field of ``n`` bytes of UTF-8. (A directive, an element of a repeated message
+ * field, is written even when empty: write_directive writes its own key and length.) */
+static inline Py_ssize_t str_size(Py_ssize_t n) { return n ? 1 + varint_len((uint64_t)n) + n : 0; }
+
+static inline uint8_t *put_str(uint8_t *p, uint8_t tag, const char *s, Py_ssize_t n) {
+    if (n == 0) return p;
+    *p++ = tag;
+    p = put_varint(p, (uint64_t)n);
+    memcpy(p, s, (size_t)n);
+    return p + n;
+}
+
+/* A double field (wire type I64): its bits, little-endian; only +0.0 is the default. */
+static inline Py_ssize_t double_size(uint64_t bits) { return bits ? 9 : 0; }
+
+static inline uint8_t *put_double(uint8_t *p, uint8_t tag, uint64_t bits) {
+    if (bits == 0) return p;
+    *p++ = tag;
+    for (int i = 0; i < 8; i++) *p++ = (uint8_t)(bits >> (8 * i));
+    return p;
+}
+
+static inline Py_ssize_t bool_size(int v) { return v ? 2 : 0; }
+
+static inline uint8_t *put_bool(uint8_t *p, uint8_t tag, int v) {
+    if (!v) return p;
+    *p++ = tag;
+    *p++ = 1;
     return p;
 }
 
@@ -128,33 +175,15 @@ static int read_directive(PyObject *d, fields_t *f) {
         }
         f->utf8[i] = PyUnicode_AsUTF8AndSize(v, &f->len[i]);
         if (f->utf8[i] == NULL) goto fail;
-        if (f->len[i]) body += 1 + varint_len((uint64_t)f->len[i]) + f->len[i];
+        body += str_size(f->len[i]);
     }
-    if (f->id) body += 1 + varint_len(f->id);
-    if (f->kind) body += 1 + varint_len(f->kind);
-    if (f->score_bits) body += 9;
-    if (f->arrive) body += 1 + varint_len(f->arrive);
-    if (f->size) body += 1 + varint_len(f->size);
-    if (f->generation) body += 1 + varint_len(f->generation);
+    body += u64_size(f->id) + u64_size(f->kind) + double_size(f->score_bits) + u64_size(f->arrive) + u64_size(f->size) +
+            u64_size(f->generation);
     f->body = body;
     return 0;
 fail:
     release(f);
     return -1;
-}
-
-static inline uint8_t *put_str(uint8_t *p, uint8_t tag, const char *s, Py_ssize_t n) {
-    if (n == 0) return p;
-    *p++ = tag;
-    p = put_varint(p, (uint64_t)n);
-    memcpy(p, s, (size_t)n);
-    return p + n;
-}
-
-static inline uint8_t *put_u64(uint8_t *p, uint8_t tag, uint64_t v) {
-    if (v == 0) return p;
-    *p++ = tag;
-    return put_varint(p, v);
 }
 
 /* One element of DirectiveBatch.directives (field 3): tag, length, the message. */
@@ -164,10 +193,7 @@ static uint8_t *write_directive(uint8_t *p, const fields_t *f) {
     p = put_u64(p, 0x08, f->id);   /* 1 directive_id */
     p = put_u64(p, 0x10, f->kind); /* 2 kind */
     for (int i = S_BLOCK; i <= S_POLICY; i++) p = put_str(p, STR_TAG[i], f->utf8[i], f->len[i]); /* 3..6 */
-    if (f->score_bits) {           /* 7 score, fixed64 little-endian */
-        *p++ = 0x39;
-        for (int i = 0; i < 8; i++) *p++ = (uint8_t)(f->score_bits >> (8 * i));
-    }
+    p = put_double(p, 0x39, f->score_bits); /* 7 score */
     p = put_str(p, STR_TAG[S_REASON], f->utf8[S_REASON], f->len[S_REASON]); /* 8 reason */
     p = put_u64(p, 0x48, f->arrive);     /* 9 arrive_by_us */
     p = put_u64(p, 0x50, f->size);       /* 10 size_bytes */
@@ -209,8 +235,7 @@ static PyObject *encode_answer(PyObject *self, PyObject *const *args, Py_ssize_t
     if (f == NULL) return PyErr_NoMemory();
     PyObject *out = NULL;
     Py_ssize_t total = 0;
-    if (client_len) total += 1 + varint_len((uint64_t)client_len) + client_len;
-    if (batch_seq) total += 1 + varint_len(batch_seq);
+    total += str_size(client_len) + u64_size(batch_seq);
     for (; done < n; done++) {
         /* Reading an attribute runs no code of ours, but an interpreted subclass's property
          * could change the list: check its length at each item. */
@@ -225,9 +250,7 @@ static PyObject *encode_answer(PyObject *self, PyObject *const *args, Py_ssize_t
         if (failed) goto end;
         total += 1 + varint_len((uint64_t)f[done].body) + f[done].body;
     }
-    if (accepted) total += 1 + varint_len(accepted);
-    if (duplicate) total += 2;
-    if (generation) total += 1 + varint_len(generation);
+    total += u64_size(accepted) + bool_size(duplicate) + u64_size(generation);
 
     out = PyBytes_FromStringAndSize(NULL, total);
     if (out == NULL) goto end;
@@ -236,10 +259,7 @@ static PyObject *encode_answer(PyObject *self, PyObject *const *args, Py_ssize_t
     p = put_u64(p, 0x10, batch_seq);          /* 2 batch_seq */
     for (Py_ssize_t i = 0; i < n; i++) p = write_directive(p, &f[i]); /* 3 directives */
     p = put_u64(p, 0x28, accepted);           /* 5 accepted_events */
-    if (duplicate) {                          /* 6 duplicate */
-        *p++ = 0x30;
-        *p++ = 1;
-    }
+    p = put_bool(p, 0x30, duplicate);         /* 6 duplicate */
     p = put_u64(p, 0x38, generation); /* 7 config_generation */
     if (p != (uint8_t *)PyBytes_AS_STRING(out) + total) {
         Py_CLEAR(out);

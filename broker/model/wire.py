@@ -256,27 +256,6 @@ class ReferenceReader:
             yield event_tuple(event, blocks)
 
 
-def varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf varint."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def length_delimited(key: bytes, body: bytes) -> bytes:
-    """One length-delimited field on the wire: its key byte(s), the length, ``body``."""
-    return key + varint(len(body)) + body
-
-
-def received_field(received_us: int) -> bytes:
-    """``IntentBatch.broker_received_us`` (field 5, varint) on the wire: the broker puts it in
-    front of each batch it receives (broker.service.server.stamped)."""
-    return b"\x28" + varint(received_us)
-
-
 def read_batch(batch: bytes | pb.IntentBatch) -> BatchReader:
     """A reader of ``batch``, serialized (as the broker receives and journals it) or a message.
 

@@ -34,10 +34,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from broker.config.security import REFRESH_S, Identity, SecurityConfig, env_tokens, load_tokens, tls_material, token_digest
-from broker.model.wire import length_delimited
+from broker.model.pbwire import key, length_delimited
+from kvbroker.v1 import intent_pb2 as pb
 
 if TYPE_CHECKING:
     import grpc
@@ -47,6 +48,8 @@ log = logging.getLogger("kvbroker.security")
 SERVICE_PREFIX = "/kvbroker.v1.BrokerService/"
 # RPCs that need an admin token (GetResidency totals are checked by the servicer).
 ADMIN_METHODS = frozenset({"Reload", "GetConfig", "GetStats"})
+# IntentBatch.tenant's key (``tenant_field`` writes the field by hand: broker.model.pbwire).
+_TENANT: Final = key(pb.IntentBatch, "tenant")
 
 
 # RFC 6750 b64token: what a bearer token may be made of.
@@ -327,4 +330,4 @@ def tenant_field(tenant: str) -> bytes:
     """``IntentBatch.tenant`` (field 4, a string) as wire bytes. Appended to a serialized
     batch it sets the field: protobuf takes the last value of a singular field, so the
     journal keeps the client's bytes followed by the tenant the broker decided."""
-    return length_delimited(b"\x22", tenant.encode("utf-8"))  # field 4, wire type 2
+    return length_delimited(_TENANT, tenant.encode("utf-8"))

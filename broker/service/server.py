@@ -29,7 +29,8 @@ from broker.journal.base import NullJournal
 from broker.journal.payloads import BadRecord
 from broker.journal.redis_stream import RedisJournal, stream_exists
 from broker.model.apply import client_key
-from broker.model.wire import BatchReader, length_delimited, read_batch, received_field
+from broker.model.pbwire import key, length_delimited, varint
+from broker.model.wire import BatchReader, read_batch
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
 from broker.service.broker_service import Answer, BrokerService, VersionError
@@ -51,6 +52,7 @@ from broker.service.security import (
 )
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
+from kvbroker.v1 import intent_pb2 as ipb
 
 log = logging.getLogger("kvbroker.server")
 
@@ -59,6 +61,10 @@ SERVICE_NAME = "kvbroker.v1.BrokerService"
 MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_BYTES
 # Batches of one stream applied and not yet answered, at most (BrokerServicer._answers).
 STREAM_PIPELINE = 64
+# Keys of the fields the server writes by hand (broker.model.pbwire says why).
+_RECEIVED = key(ipb.IntentBatch, "broker_received_us")
+_STREAM_DIRECTIVES = key(spb.StreamResponse, "directives")
+_SUBMIT_DIRECTIVES = key(spb.SubmitResponse, "directives")
 
 
 def field_slice(raw: bytes, field_number: int) -> bytes | None:
@@ -125,7 +131,7 @@ def stamped(payload: bytes) -> tuple[bytes, int]:
     would be read as part of it); a client's own value would come later and win, so the
     caller refuses a batch whose read value is not the stamp."""
     now = time.time_ns() // 1000
-    return received_field(now) + payload, now
+    return _RECEIVED + varint(now) + payload, now
 
 
 def _forged(batch: BatchReader, stamp: int) -> Answer | None:
@@ -406,13 +412,13 @@ def stream_response_bytes(message: spb.StreamResponse | Answer) -> bytes:
     field 2 (``directives``): building a StreamResponse around it would copy every
     directive once more."""
     if isinstance(message, Answer):
-        return length_delimited(b"\x12", message.data)
+        return length_delimited(_STREAM_DIRECTIVES, message.data)
     return message.SerializeToString()
 
 
 def submit_response_bytes(answer: Answer) -> bytes:
     """A SubmitResponse on the wire: its one field (1, ``directives``) around the answer."""
-    return length_delimited(b"\x0a", answer.data)
+    return length_delimited(_SUBMIT_DIRECTIVES, answer.data)
 
 
 def add_servicer(servicer: BrokerServicer, server: grpc.aio.Server) -> None:

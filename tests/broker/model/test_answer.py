@@ -9,9 +9,10 @@ import types
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from broker.model import pbwire
 from broker.model.apply import BatchOutcome, Rejection
 from broker.model.core import Directive, DirectiveKind
 from broker.service import broker_service as service
@@ -52,6 +53,13 @@ def directives(draw: Any) -> Directive:
     )
 
 
+# Edge values: every field at its default (kind has none: 0 is no DirectiveKind); every field at its largest, negative int64s (ten
+# bytes), non-ASCII text, lengths and values past one byte.
+EMPTY = Directive(0, DirectiveKind.EVICT, "", "", "", "", 0.0, "", 0, 0, 0)
+FULL = Directive(2**64 - 1, max(DirectiveKind), "块" * 50, "ténèbres", "nvme", "lru", -0.0, "r" * 200, -(2**63), 2**64 - 1, 2**64 - 1)
+NEGATIVE = Directive(128, DirectiveKind.EVICT, "b", "hbm", "dram", "p", -1.5, "", -1, 1, 1)
+
+
 def protobuf_bytes(batch: Batch, outcome: BatchOutcome, generation: int) -> bytes:
     return outcome_to_pb(batch, outcome, generation).SerializeToString()
 
@@ -65,6 +73,9 @@ def protobuf_bytes(batch: Batch, outcome: BatchOutcome, generation: int) -> byte
     st.booleans(),
     U64,
 )
+@example("", 0, [], 0, False, 0)
+@example("", 0, [EMPTY], 0, False, 0)
+@example("ténèbres", 2**64 - 1, [FULL, NEGATIVE, EMPTY], 2**32 - 1, True, 2**64 - 1)
 def test_the_native_answer_is_the_bytes_protobuf_writes(
     client_id: str, seq: int, found: list[Directive], accepted: int, duplicate: bool, generation: int
 ) -> None:
@@ -78,6 +89,27 @@ def test_the_native_answer_is_the_bytes_protobuf_writes(
     assert [d.block_id for d in parsed.directives] == [d.block_id for d in found]
     bits = [struct.pack("<d", d.score) for d in parsed.directives]
     assert bits == [struct.pack("<d", d.score) for d in found]
+    # The C writer mirrors broker.model.pbwire (its wire helpers): the same bytes again.
+    assert written == pbwire_answer(client_id, seq, found, accepted, duplicate, generation)
+
+
+def pbwire_answer(client_id: str, seq: int, found: list[Directive], accepted: int, duplicate: bool, generation: int) -> bytes:
+    """The DirectiveBatch written with pbwire, fields in number order, defaults left out."""
+    w = pbwire
+    out = (w.field_str(1, client_id) if client_id else b"") + (w.field_varint(2, seq) if seq else b"")
+    for d in found:
+        body = (w.field_varint(1, d.directive_id) if d.directive_id else b"") + (w.field_int64(2, d.kind) if d.kind else b"")
+        for number, text in ((3, d.block_id), (4, d.from_tier), (5, d.to_tier), (6, d.policy)):
+            body += w.field_str(number, text) if text else b""
+        body += w.field_double(7, d.score) if struct.pack("<d", d.score) != bytes(8) else b""
+        body += w.field_str(8, d.reason) if d.reason else b""
+        body += w.field_int64(9, d.arrive_by_us) if d.arrive_by_us else b""
+        body += w.field_varint(10, d.size) if d.size else b""
+        body += w.field_varint(11, d.generation) if d.generation else b""
+        out += w.field_bytes(3, body)
+    out += w.field_varint(5, accepted) if accepted else b""
+    out += w.field_bool(6, True) if duplicate else b""
+    return out + (w.field_varint(7, generation) if generation else b"")
 
 
 def test_zero_scores_are_left_out_but_negative_zero_and_nan_are_written() -> None:
