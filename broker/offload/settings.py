@@ -75,6 +75,17 @@ class OffloadSettings:
     # the CPU tier's chunks (CoreConfig.history_ghosts): a chunk vLLM stores again comes back
     # with its history, a re-reference.
     history_ghosts: float = DEFAULT_HISTORY_GHOSTS
+    # Reporting (broker/offload/vllm_report.py): an INFO line of each row's hits this often
+    # (seconds), and one at exit.
+    report_s: float = 60.0
+    # Prometheus metrics over HTTP on this port (None: off; 0: any free port, logged; a rank
+    # r > 0 serves on port + r, so data-parallel ranks do not collide), bound to metrics_host.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    # The figures as JSON, rewritten whole (temp file + rename) every status_s seconds and at
+    # exit ("": off; "{pid}", "{rank}" replaced); `kvbroker vllm-status PATH` reads it.
+    status_file: str = ""
+    status_s: float = 5.0
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -109,6 +120,9 @@ class OffloadSettings:
 
     def resolved_broker_tier(self) -> str:
         return self._placeholders(self.broker_tier)
+
+    def resolved_status_file(self) -> str:
+        return self._placeholders(self.status_file)
 
 
 def _text(value: Any, where: str) -> str:
@@ -176,6 +190,19 @@ def _non_empty(value: Any, where: str) -> str:
     return text
 
 
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise SettingsError(f"{where}: expected a port number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{where}: expected a port number (an integer), got {type(value).__name__}")
+    if not 0 <= value <= 65535:
+        raise SettingsError(f"{where}: expected a port in 0..65535 (0: any free port), got {value}")
+    return value
+
+
 # key (without the prefix) -> how its value is read.
 READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "mode": _mode,
@@ -192,6 +219,11 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "fallback_policy": _text,
     "broker_tier": _text,
     "history_ghosts": _ghosts,
+    "report_s": _number,
+    "metrics_port": _port,
+    "metrics_host": _non_empty,
+    "status_file": _non_empty,
+    "status_s": _number,
 }
 
 

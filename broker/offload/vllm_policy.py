@@ -24,7 +24,9 @@ another policy on the same traffic.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
@@ -36,6 +38,7 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 from broker.offload.embedded import EmbeddedCore, close_at_exit
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
 from broker.offload.translate import Decider, Translator
+from broker.offload.vllm_report import Reporter
 
 # Under vLLM's logger, so that vLLM's logging configuration shows it.
 log = logging.getLogger("vllm.kvbroker")
@@ -103,6 +106,14 @@ class KvbrokerCachePolicy(CachePolicy):
         self.mark_evictable = translator.mark_evictable  # type: ignore[method-assign]
         self.mark_non_evictable = translator.mark_non_evictable  # type: ignore[method-assign]
         self.evict = translator.evict  # type: ignore[method-assign]
+        # The figures snapshot() reports (counted by on_store_miss, on_request_finished).
+        self._reused = 0
+        self._missed = 0
+        try:
+            self.reporter = Reporter(self.snapshot, self.settings)
+        except BaseException:
+            self.local.close()  # vLLM's start stops here: the journal it opened is closed
+            raise
         # At exit, what is buffered goes to the core and the journal (this runs before the
         # journal thread's own close, registered earlier; in vLLM's forked engine core too).
         close_at_exit(self.close)
@@ -133,8 +144,9 @@ class KvbrokerCachePolicy(CachePolicy):
 
     @override
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # The missed keys are not resident: nothing to tell (their allocation follows).
-        return
+        # The missed keys are not resident: nothing to tell (their allocation follows); they
+        # are counted for snapshot() (vLLM gives each request's misses once).
+        self._missed += sum(1 for _ in keys)
 
     @override
     def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
@@ -148,6 +160,7 @@ class KvbrokerCachePolicy(CachePolicy):
         reused_keys: set[OffloadKey],
         req_context: ReqContext,
     ) -> None:
+        self._reused += len(reused_keys)
         self.translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
 
     @override
@@ -171,11 +184,42 @@ class KvbrokerCachePolicy(CachePolicy):
         """Apply what is buffered and wait until the journal holds it (tests, shutdown)."""
         self.translator.flush()
 
+    # ---- snapshot: a stand-in, the decider's row alone (broker/offload/shadows.py replaces it) ----
+
+    def snapshot(self) -> dict[str, Any]:
+        """What broker/offload/vllm_report.py reports: the deciding policy's row. Its hits
+        are vLLM's own count of reuse, as the policy sees it: the chunks each finished
+        request found in the CPU tier (``reused_keys``: loaded, or offered to store and
+        already there); asked is those plus the chunks requests stored anew
+        (``on_store_miss``). A request's hits count when it finishes, its misses when it
+        stores. Cheap, and callable from any thread (it reads two ints)."""
+        hits, asked = self._reused, self._reused + self._missed
+        return {
+            "client_id": self.local.client_id,
+            "pid": os.getpid(),
+            "time": time.time(),
+            "policy": self.settings.policy,
+            "capacity": self.cache_capacity,
+            "rows": [
+                {
+                    "role": "decider",
+                    "policy": self.settings.policy,
+                    "capacity": self.cache_capacity,
+                    "hits": hits,
+                    "asked": asked,
+                    "hit_ratio": hits / asked if asked else 0.0,
+                    "sample_rate": 1.0,
+                }
+            ],
+        }
+
     def close(self) -> None:
         """Apply what is buffered, write the journal, stop its thread (idempotent); in
-        sidecar mode also forward what is held back and close the link to the broker."""
+        sidecar mode also forward what is held back and close the link to the broker.
+        Then the last report line and status file."""
         self.translator.apply()
         close_decider = getattr(self.translator.decider, "close", None)
         if close_decider is not None:
             close_decider()
         self.local.close()
+        self.reporter.close()
