@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-ROOM = ("broker.offload", "broker.offload.settings", "broker.offload.events", "broker.offload.embedded", "broker.offload.translate")
+ROOM = (
+    "broker.offload",
+    "broker.offload.settings",
+    "broker.offload.events",
+    "broker.offload.embedded",
+    "broker.offload.translate",
+    "broker.offload.vllm_report",
+)
 FORBIDDEN = ("broker.service", "grpc", "grpc.aio", "broker.replay", "broker.cli")
 
 
