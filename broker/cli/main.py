@@ -960,6 +960,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_bridge.add_parser(sub)
 
+    from broker.cli import vllm_status as cli_vllm_status
+
+    cli_vllm_status.add_parser(sub)
+
     p = sub.add_parser("policies", help="list the policies with their parameters")
     p.add_argument("--json", action="store_true", help="a JSON array: name, description, offline, params")
     p.set_defaults(func=cmd_policies)

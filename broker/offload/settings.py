@@ -87,6 +87,17 @@ class OffloadSettings:
     # The spatial sampling rate of the what-if sizes (SHARDS): the share of keys simulated,
     # in a cache that much smaller (1 = exact).
     whatif_sample: float = DEFAULT_WHATIF_SAMPLE
+    # Reporting (broker/offload/vllm_report.py): an INFO line of each row's hits this often
+    # (seconds), and one at exit.
+    report_s: float = 60.0
+    # Prometheus metrics over HTTP on this port (None: off; 0: any free port, logged; a rank
+    # r > 0 serves on port + r, so data-parallel ranks do not collide), bound to metrics_host.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    # The figures as JSON, rewritten whole (temp file + rename) every status_s seconds and at
+    # exit ("": off; "{pid}", "{rank}" replaced); `kvbroker vllm-status PATH` reads it.
+    status_file: str = ""
+    status_s: float = 5.0
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -121,6 +132,9 @@ class OffloadSettings:
 
     def resolved_broker_tier(self) -> str:
         return self._placeholders(self.broker_tier)
+
+    def resolved_status_file(self) -> str:
+        return self._placeholders(self.status_file)
 
 
 def _text(value: Any, where: str) -> str:
@@ -232,6 +246,19 @@ def _non_empty(value: Any, where: str) -> str:
     return text
 
 
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise SettingsError(f"{where}: expected a port number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"{where}: expected a port number (an integer), got {type(value).__name__}")
+    if not 0 <= value <= 65535:
+        raise SettingsError(f"{where}: expected a port in 0..65535 (0: any free port), got {value}")
+    return value
+
+
 # key (without the prefix) -> how its value is read.
 READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "mode": _mode,
@@ -251,6 +278,11 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "shadows": _names,
     "whatif": _multiples,
     "whatif_sample": _rate,
+    "report_s": _number,
+    "metrics_port": _port,
+    "metrics_host": _non_empty,
+    "status_file": _non_empty,
+    "status_s": _number,
 }
 
 

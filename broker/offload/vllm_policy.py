@@ -39,6 +39,7 @@ from broker.offload.embedded import EmbeddedCore, close_at_exit
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
 from broker.offload.shadows import ShadowSet, describe_shadows
 from broker.offload.translate import Decider, RequestIntent, Translator
+from broker.offload.vllm_report import Reporter
 
 # Under vLLM's logger, so that vLLM's logging configuration shows it.
 log = logging.getLogger("vllm.kvbroker")
@@ -106,12 +107,18 @@ class KvbrokerCachePolicy(CachePolicy):
         self.mark_evictable = translator.mark_evictable  # type: ignore[method-assign]
         self.mark_non_evictable = translator.mark_non_evictable  # type: ignore[method-assign]
         self.evict = translator.evict  # type: ignore[method-assign]
-        # At exit, what is buffered goes to the core and the journal (this runs before the
-        # journal thread's own close, registered earlier; in vLLM's forked engine core too).
-        # The decider's figure, the shadows and the what-if sizes (broker/offload/shadows.py).
+        # The decider's figure, the shadows and the what-if sizes (broker/offload/shadows.py),
+        # which snapshot() reports.
         self.capacity = cache_capacity
         self.shadows = ShadowSet(self.settings, cache_capacity)
         self.shadow_errors = 0
+        try:
+            self.reporter = Reporter(self.snapshot, self.settings)
+        except BaseException:
+            self.local.close()  # vLLM's start stops here: the journal it opened is closed
+            raise
+        # At exit, what is buffered goes to the core and the journal (this runs before the
+        # journal thread's own close, registered earlier; in vLLM's forked engine core too).
         close_at_exit(self.close)
         log.info(
             "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s%s",
@@ -206,9 +213,11 @@ class KvbrokerCachePolicy(CachePolicy):
 
     def close(self) -> None:
         """Apply what is buffered, write the journal, stop its thread (idempotent); in
-        sidecar mode also forward what is held back and close the link to the broker."""
+        sidecar mode also forward what is held back and close the link to the broker.
+        Then the last report line and status file."""
         self.translator.apply()
         close_decider = getattr(self.translator.decider, "close", None)
         if close_decider is not None:
             close_decider()
         self.local.close()
+        self.reporter.close()

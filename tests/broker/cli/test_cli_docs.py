@@ -14,6 +14,7 @@ import pytest
 
 from broker.cli.main import ARM_FIELDS, build_parser, main, status_record
 from broker.cli.size import size_record
+from broker.cli.vllm_status import ROW, TOP
 from broker.replay.traces import FORMATS
 from clients import kvsize
 from kvbroker.v1 import broker_service_pb2 as spb
@@ -67,7 +68,7 @@ def test_every_format_and_exit_code_is_documented() -> None:
         assert re.search(rf"^\| {code} \| \S", text, flags=re.MULTILINE)
 
 
-def test_every_json_field_of_status_ab_size_and_policies_is_documented() -> None:
+def test_every_json_field_of_status_ab_size_policies_and_vllm_status_is_documented() -> None:
     docs = sections()
     stats = spb.GetStatsResponse()
     stats.tiers.add(name="hbm")
@@ -76,6 +77,7 @@ def test_every_json_field_of_status_ab_size_and_policies_is_documented() -> None
     assert_fields(docs["ab"], ARM_FIELDS)
     assert_fields(docs["size"], size_record(kvsize.resolve_shape("llama-3-8b"), 100, 16, "fp16"))
     assert_fields(docs["policies"], registry.describe(registry.policy_class("lru")))
+    assert_fields(docs["vllm-status"], [*TOP, *ROW, "metrics_url"])
 
 
 def test_every_json_field_of_replay_import_and_repair_is_documented(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,7 @@ ROOM = (
     "broker.offload.translate",
     "broker.offload.shadows",
     "broker.offload.manager_model",
+    "broker.offload.vllm_report",
 )
 FORBIDDEN = ("broker.service", "grpc", "grpc.aio", "broker.replay", "broker.cli")
 

@@ -3,6 +3,8 @@ that name the key."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from broker.offload.settings import OffloadSettings, SettingsError, load_settings
@@ -38,12 +40,45 @@ def test_defaults_keys_then_environment() -> None:
         ({"kvbroker_policy_params": "{"}, {}, "kv_connector_extra_config.kvbroker_policy_params: not valid JSON"),
         ({"kvbroker_policy": "lru", "kvbroker_policy_params": {"bogus": 1}}, {}, "kv_connector_extra_config.kvbroker_policy_params: "),
         ({"kvbroker_client_id": ""}, {}, "kv_connector_extra_config.kvbroker_client_id: required"),
+        ({"kvbroker_metrics_port": 65536}, {}, "kv_connector_extra_config.kvbroker_metrics_port: expected a port in 0..65535"),
+        ({"kvbroker_metrics_port": -1}, {}, "kv_connector_extra_config.kvbroker_metrics_port: expected a port in 0..65535"),
+        (
+            {"kvbroker_metrics_port": True},
+            {},
+            "kv_connector_extra_config.kvbroker_metrics_port: expected a port number (an integer), got bool",
+        ),
+        (
+            {"kvbroker_metrics_port": 80.5},
+            {},
+            "kv_connector_extra_config.kvbroker_metrics_port: expected a port number (an integer), got float",
+        ),
+        ({}, {"KVBROKER_VLLM_METRICS_PORT": "http"}, "KVBROKER_VLLM_METRICS_PORT: expected a port number, got 'http'"),
+        ({"kvbroker_metrics_host": ""}, {}, "kv_connector_extra_config.kvbroker_metrics_host: required, a non-empty string"),
+        ({"kvbroker_report_s": 0}, {}, "kv_connector_extra_config.kvbroker_report_s: expected a finite number > 0, got 0"),
+        ({}, {"KVBROKER_VLLM_STATUS_S": "-5"}, "KVBROKER_VLLM_STATUS_S: expected a finite number > 0, got -5.0"),
+        ({"kvbroker_status_file": ""}, {}, "kv_connector_extra_config.kvbroker_status_file: required, a non-empty string"),
+        ({"kvbroker_status_file": 7}, {}, "kv_connector_extra_config.kvbroker_status_file: expected a string, got int"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_it(extra: dict[str, object], env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings(extra, env)
     assert message in str(caught.value)
+
+
+def test_the_reporting_settings_off_by_default_then_set_by_key_or_environment() -> None:
+    default = load_settings({}, {})
+    assert (default.report_s, default.metrics_port, default.metrics_host, default.status_file, default.status_s) == (
+        60.0,
+        None,
+        "127.0.0.1",
+        "",
+        5.0,
+    )
+    env = {"KVBROKER_VLLM_METRICS_PORT": "9500", "KVBROKER_VLLM_STATUS_FILE": "/run/kv-{pid}-{rank}.json", "KVBROKER_VLLM_REPORT_S": "30"}
+    got = load_settings({"kvbroker_metrics_port": "0", "kvbroker_status_s": 2, "kvbroker_metrics_host": "::1"}, env, rank=2)
+    assert (got.metrics_port, got.metrics_host, got.status_s, got.report_s) == (0, "::1", 2.0, 30.0)
+    assert got.resolved_status_file() == f"/run/kv-{os.getpid()}-2.json"  # as kvbroker_journal's placeholders
 
 
 def test_the_core_config_is_one_tier_of_chunks_without_watermark_slack() -> None:
