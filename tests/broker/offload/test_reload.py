@@ -289,7 +289,9 @@ def test_the_switches_are_journaled_where_they_happened_and_replay_verifies_ever
     # Mid-stream, between batches; each batch carries the generation it was applied under.
     batches = [r.generation for r in records if r.kind == RecordKind.BATCH]
     assert batches == sorted(batches) and set(batches) == {1, 2, 3}
-    (result,) = replay_source(source, ["lru"], verify=True)
+    (result, arc) = replay_source(source, ["lru", "arc"], verify=True)
+    # The verified run follows the journal, and is named by the policies it followed.
+    assert result.policy == "lru->adaptive->arc" and arc.policy == "arc" and arc.mismatches is None
     assert result.mismatches == 0 and result.metrics["evictions"] == len(victims) > 400
     sink: list[Directive] = []
     first = journal_config(source)
