@@ -247,6 +247,26 @@ def test_a_good_file_switches_the_policy_at_the_next_call_as_the_next_generation
     assert engine.translator.tenant == "t2" and engine.local.generation == 3 and len(heard) == 3
 
 
+def test_sidecar_mode_switches_the_local_fallback_and_the_bound_not_the_tenant(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine(tmp_path, None, mode="sidecar", broker="127.0.0.1:1", fallback_policy="lru")
+
+    class Remote:  # the sidecar decider's bound (the link is not built here)
+        deadline_s = 0.005
+
+        def evict(self, count: int, protected: list[str]) -> list[str] | None:
+            return None
+
+    remote = Remote()
+    engine.translator.decider = remote
+    assert engine.switch({"kvbroker_policy": "s3fifo", "kvbroker_fallback_policy": "arc", "kvbroker_deadline_ms": 20})
+    engine.translator.evict(1, set())
+    # The local core runs the fallback; the broker's policy is the broker's (a serve reload).
+    assert engine.policy == "arc" and remote.deadline_s == 0.02 and engine.local.generation == 2
+    caplog.set_level(logging.WARNING, logger="vllm.kvbroker")
+    assert not engine.switch({"kvbroker_fallback_policy": "arc", "kvbroker_tenant": "t1"})
+    assert "kvbroker_tenant: cannot change while vLLM runs" in caplog.text
+
+
 def test_a_listener_that_raises_does_not_reach_vllms_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     engine = Engine(tmp_path)
     engine.live.on_reload.append(lambda old, new: 1 / 0)
@@ -259,7 +279,9 @@ def test_the_watcher_thread_hands_a_change_over(tmp_path: Path) -> None:
     engine = Engine(tmp_path, {"kvbroker_policy": "lru", "kvbroker_settings_poll_s": 0.02})
     engine.live.start()
     try:
-        engine.write({"kvbroker_policy": "arc", "kvbroker_settings_poll_s": 0.02})
+        tmp = engine.path.with_suffix(".tmp")  # whole (a rename): never seen half written
+        tmp.write_text(json.dumps({"kvbroker_policy": "arc", "kvbroker_settings_poll_s": 0.02}))
+        tmp.replace(engine.path)
         deadline = time.monotonic() + 5
         while not engine.translator.reload_due and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -268,7 +290,7 @@ def test_the_watcher_thread_hands_a_change_over(tmp_path: Path) -> None:
         assert engine.policy == "arc"
     finally:
         engine.live.close()
-    assert not engine.live._thread or not engine.live._thread.is_alive()
+    assert engine.live._thread is not None and not engine.live._thread.is_alive() and engine.live.refused == 0
 
 
 # ---- the journal ---------------------------------------------------------------------------

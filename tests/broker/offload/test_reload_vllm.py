@@ -7,6 +7,7 @@ every eviction across the switches; the evictions after a switch are not lru's.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -38,6 +39,13 @@ def replay_verify(url: str, *policies: str) -> dict[str, dict[str, Any]]:
     return {r["policy"]: r for r in json.loads(run.stdout)}
 
 
+def write(path: Path, text: str) -> None:
+    """Whole, as docs/vllm.md says to (a rename): the watcher never sees it half written."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def evictions_of(stores: list[Any]) -> list[Any]:
     return [key for store in stores if store for key in store]
 
@@ -46,7 +54,8 @@ def test_the_decider_switches_mid_stream_and_replay_verifies_every_eviction(tmp_
     url = f"file://{tmp_path}/vllm.journal"
     settings_file = tmp_path / "kvbroker.json"
     settings_file.write_text(json.dumps({"kvbroker_policy": "lru"}))
-    manager = driver().kvbroker_manager("lru", CHUNKS, journal=url, settings_file=str(settings_file))
+    # The watcher's thread would poll the file too: an hour apart, it does not here.
+    manager = driver().kvbroker_manager("lru", CHUNKS, journal=url, settings_file=str(settings_file), settings_poll_s=3600)
     policy = manager._policy
     refused_at = []
     stores: list[Any] = []
@@ -108,10 +117,10 @@ def test_the_watcher_thread_switches_a_running_stream_and_refuses_a_bad_file(tmp
     def on_new_request(rng: random.Random) -> None:
         started[0] += 1
         if started[0] == 200:
-            settings_file.write_text(json.dumps({"kvbroker_policy": "arc", "kvbroker_settings_poll_s": 0.02}))
+            write(settings_file, json.dumps({"kvbroker_policy": "arc", "kvbroker_settings_poll_s": 0.02}))
             wait_for(lambda: policy.translator.reload_due)  # handed over; applied at the next call
         elif started[0] == 400:
-            settings_file.write_text("[]")
+            write(settings_file, "[]")
             wait_for(lambda: policy.live.refused == 1)
 
     trace = driver().random_stream(manager, 5, 8000, positions=True, docs=8, hints=on_new_request)
