@@ -19,6 +19,10 @@ deterministic core, embedded here with one tier of ``cache_capacity`` chunks, an
 journaled when ``kvbroker_journal`` names a journal: ``kvbroker replay --journal URL
 --verify`` then reproduces vLLM's evictions, and ``kvbroker replay --policy ...`` tries
 another policy on the same traffic.
+
+``kvbroker_settings_file`` switches the policy while vLLM runs (broker/offload/reload.py):
+validated in full on a thread of its own, applied on vLLM's between two calls, journaled as
+the next config generation.
 """
 
 from __future__ import annotations
