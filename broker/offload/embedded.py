@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.config import core_to_json
+from broker.config import CoreConfig, core_to_json
 from broker.journal import open_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.trailer import Trailer
@@ -49,18 +49,22 @@ log = logging.getLogger("vllm.kvbroker")
 # The schema major version written in journal records (kvbroker.v1).
 SCHEMA_MAJOR = 1
 
+# A batch's directives, queued for the journal thread to encode: (client id, batch seq,
+# outcome, config generation).
+Directives = tuple[str, int, BatchOutcome, int]
 
-def directives_payload(client_id: str, seq: int, outcome: BatchOutcome) -> bytes:
+
+def directives_payload(client_id: str, seq: int, outcome: BatchOutcome, generation: int = 1) -> bytes:
     """The DirectiveBatch of a batch's directives, as the broker journals it (replay
     ``--verify`` compares the directives)."""
     if answer_native is not None:
-        return bytes(answer_native.encode_answer(client_id, seq, outcome.directives, outcome.accepted, False, 1))
+        return bytes(answer_native.encode_answer(client_id, seq, outcome.directives, outcome.accepted, False, generation))
     return dpb.DirectiveBatch(
         client_id=client_id,
         batch_seq=seq,
         directives=[directive_to_pb(d) for d in outcome.directives],
         accepted_events=outcome.accepted,
-        config_generation=1,
+        config_generation=generation,
     ).SerializeToString()
 
 
@@ -78,8 +82,9 @@ class JournalThread:
 
     def __init__(self, url: str, stream: str, flush_s: float, *, exit_s: float = 3.0, client_id: str = "") -> None:
         self.url = url
-        # Records, directives to encode as one (client id, batch seq, outcome), flush marks.
-        self._queue: collections.deque[JournalRecord | tuple[str, int, BatchOutcome] | threading.Event] = collections.deque()
+        # Records, directives to encode as one (client id, batch seq, outcome, config
+        # generation), flush marks.
+        self._queue: collections.deque[JournalRecord | Directives | threading.Event] = collections.deque()
         self._flush_s = flush_s
         self._exit_s = exit_s
         self._client_id = client_id
@@ -104,17 +109,18 @@ class JournalThread:
             raise self._error
         close_at_exit(self.close)
 
-    def append(self, record: JournalRecord | tuple[str, int, BatchOutcome]) -> None:
-        """Queue a record, or a batch's directives as (client id, batch seq, outcome)."""
+    def append(self, record: JournalRecord | Directives) -> None:
+        """Queue a record, or a batch's directives as (client id, batch seq, outcome, generation)."""
         self._queue.append(record)
 
-    def append_batch(self, raw: bytes, seq: int) -> None:
-        """Queue a batch (its IntentBatch bytes, numbered ``seq``), counted for the trailer."""
+    def append_batch(self, raw: bytes, seq: int, generation: int = 1) -> None:
+        """Queue a batch (its IntentBatch bytes, numbered ``seq``, applied under config
+        ``generation``), counted for the trailer."""
         if not self.batches:
             self._first_seq = seq
         self._last_seq = seq
         self.batches += 1
-        self._queue.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, 1, raw))
+        self._queue.append(JournalRecord(RecordKind.BATCH, SCHEMA_MAJOR, generation, raw))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait until everything appended so far is written."""
@@ -220,7 +226,7 @@ class JournalThread:
             if isinstance(item, threading.Event):
                 waiting.append(item)
             elif isinstance(item, tuple):
-                journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, 1, directives_payload(*item)))
+                journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, item[3], directives_payload(*item)))
             else:
                 journal.append(item)
         if waiting or journal.pending:
@@ -235,7 +241,7 @@ class JournalThread:
 ABORT_S = 1.0
 
 
-def _batch_seq(item: JournalRecord | tuple[str, int, BatchOutcome]) -> int | None:
+def _batch_seq(item: JournalRecord | Directives) -> int | None:
     """The batch seq a queued journal item belongs to (None: a config or trailer)."""
     if isinstance(item, tuple):
         return item[1]
@@ -292,7 +298,24 @@ class EmbeddedCore:
             # A start is an empty CPU tier: on a journal an earlier run of this engine wrote,
             # that run's chunks go (before the config, which may size the tier anew).
             self.apply([events.cleared(events.timestamp(time.time_ns() // 1000))])
-            self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, 1, core_to_json(self.config).encode()))
+            self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.config).encode()))
+
+    @property
+    def generation(self) -> int:
+        """The config generation in force (1 at start; each live switch adds one)."""
+        return self.core.generation
+
+    def reconfigure(self, config: CoreConfig) -> int:
+        """Switch the core to ``config`` between two batches, as ``kvbroker serve``'s reload
+        does: the next generation, journaled as a CONFIG record at this point of the record
+        order, so that replay follows the switch where it happened. Returns the generation;
+        raises ConfigError and changes nothing when the core refuses the config."""
+        generation = self.core.generation + 1
+        self.core.reconfigure(config, generation)
+        self.config = config
+        if self.journal is not None:
+            self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, generation, core_to_json(config).encode()))
+        return generation
 
     def apply(self, evs: list[bytes]) -> BatchOutcome:
         """Apply one batch of encoded events (broker.offload.events) and journal it."""
@@ -305,10 +328,11 @@ class EmbeddedCore:
             log.debug("kvbroker: batch %d: event %d rejected: %s: %s", self.seq, first.index, first.field, first.reason)
         journal = self.journal
         if journal is not None:
-            journal.append_batch(raw, self.seq)
+            generation = self.core.generation
+            journal.append_batch(raw, self.seq, generation)
             if outcome.directives:
                 # Encoded by the journal thread, off vLLM's path.
-                journal.append((self.client_id, self.seq, outcome))
+                journal.append((self.client_id, self.seq, outcome, generation))
         for listener in self.listeners:
             listener(raw)
         return outcome

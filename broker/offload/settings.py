@@ -98,6 +98,11 @@ class OffloadSettings:
     # exit ("": off; "{pid}", "{rank}" replaced); `kvbroker vllm-status PATH` reads it.
     status_file: str = ""
     status_s: float = 5.0
+    # A JSON object of kvbroker_* keys that overrides the ones above ("{pid}", "{rank}"
+    # replaced; "" = none), read at start and watched: a change is applied live
+    # (broker/offload/reload.py). How often it is looked at (seconds).
+    settings_file: str = ""
+    settings_poll_s: float = 1.0
 
     def core_config(self, capacity_chunks: int, policy: str | None = None) -> CoreConfig:
         """The embedded core's config: one tier of ``capacity_chunks`` one-byte chunks,
@@ -135,6 +140,9 @@ class OffloadSettings:
 
     def resolved_status_file(self) -> str:
         return self._placeholders(self.status_file)
+
+    def resolved_settings_file(self) -> str:
+        return self._placeholders(self.settings_file)
 
 
 def _text(value: Any, where: str) -> str:
@@ -283,23 +291,39 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "metrics_host": _non_empty,
     "status_file": _non_empty,
     "status_s": _number,
+    "settings_file": _text,
+    "settings_poll_s": _number,
 }
 
 
-def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None, *, rank: int = 0) -> OffloadSettings:
+def load_settings(
+    extra_config: Mapping[str, Any] | None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    rank: int = 0,
+    overrides: Mapping[str, Any] | None = None,
+    overrides_from: str = "",
+) -> OffloadSettings:
     """Settings from ``extra_config`` (vLLM's kv_connector_extra_config), the environment as
-    the fallback, then the defaults. Raises SettingsError naming the first bad key."""
+    the fallback, then the defaults. ``overrides`` (the settings file's keys, read from
+    ``overrides_from``) win over both. Raises SettingsError naming the first bad key."""
     extra = dict(extra_config or {})
+    file_keys = dict(overrides or {})
     env = os.environ if environ is None else environ
+    known = ", ".join(PREFIX + k for k in READERS)
     for key in extra:
         if isinstance(key, str) and key.startswith(PREFIX) and key[len(PREFIX) :] not in READERS:
-            known = ", ".join(PREFIX + k for k in READERS)
             raise SettingsError(f"kv_connector_extra_config.{key}: unknown key (known: {known})")
+    for key in file_keys:
+        # The file holds kvbroker_* keys only: vLLM's own keys cannot change there.
+        if not (isinstance(key, str) and key.startswith(PREFIX) and key[len(PREFIX) :] in READERS):
+            raise SettingsError(f"{overrides_from}: {key}: unknown key (known: {known})")
+    sources = Sources(extra, file_keys, overrides_from)
     values: dict[str, Any] = {}
     for name, read in READERS.items():
         key = PREFIX + name
-        if key in extra:
-            values[name] = read(extra[key], f"kv_connector_extra_config.{key}")
+        if key in file_keys or key in extra:
+            values[name] = read(file_keys[key] if key in file_keys else extra[key], sources.where(name))
         elif ENV_PREFIX + name.upper() in env:
             values[name] = read(env[ENV_PREFIX + name.upper()], ENV_PREFIX + name.upper())
     settings = OffloadSettings(**values, rank=rank)
@@ -309,26 +333,36 @@ def load_settings(extra_config: Mapping[str, Any] | None, environ: Mapping[str, 
         # validate_policy names broker config keys (policy.name / policy.params): say ours.
         message = str(exc)
         key = "policy_params" if message.startswith("policy.params") else "policy"
-        raise SettingsError(f"{_where(key, extra)}: {message.partition(': ')[2]}") from None
+        raise SettingsError(f"{sources.where(key)}: {message.partition(': ')[2]}") from None
     if settings.fallback_policy:
         try:
             validate_policy(settings.core_config(1, settings.fallback_policy))
         except ConfigError as exc:
-            raise SettingsError(f"{_where('fallback_policy', extra)}: {str(exc).partition(': ')[2]}") from None
+            raise SettingsError(f"{sources.where('fallback_policy')}: {str(exc).partition(': ')[2]}") from None
     for i, name in enumerate(settings.shadows):
         try:
             validate_policy(dataclasses.replace(settings, policy=name, policy_params={}).core_config(1))
         except ConfigError as exc:
-            raise SettingsError(f"{_where('shadows', extra)}[{i}]: {str(exc).partition(': ')[2]}") from None
+            raise SettingsError(f"{sources.where('shadows')}[{i}]: {str(exc).partition(': ')[2]}") from None
     if settings.mode == "sidecar" and not settings.broker:
-        raise SettingsError(f"{_where('broker', extra)}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
+        raise SettingsError(f"{sources.where('broker')}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
     problem = security_problem(env) if settings.mode == "sidecar" else None
     if problem:
         raise SettingsError(problem)
     return settings
 
 
-def _where(name: str, extra: Mapping[str, Any]) -> str:
-    """Where a setting came from, for an error message."""
-    key = PREFIX + name
-    return f"kv_connector_extra_config.{key}" if key in extra else f"{key} (or {ENV_PREFIX}{name.upper()})"
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """Where the settings came from: vLLM's extra config, and the settings file's keys."""
+
+    extra: Mapping[str, Any]
+    file_keys: Mapping[str, Any]
+    file: str
+
+    def where(self, name: str) -> str:
+        """Where a setting came from, for an error message."""
+        key = PREFIX + name
+        if key in self.file_keys:
+            return f"{self.file}: {key}"
+        return f"kv_connector_extra_config.{key}" if key in self.extra else f"{key} (or {ENV_PREFIX}{name.upper()})"

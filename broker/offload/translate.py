@@ -50,7 +50,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 from broker.offload import events
@@ -188,6 +188,12 @@ class Translator:
         self._generation = 0
         self.decider: Decider = decider if decider is not None else LocalDecider(local, self)
         self._plain_intent = events.intent_fields("", tenant=tenant)
+        # A settings watcher (broker/offload/reload.py) runs on a thread of its own and must
+        # not touch the core vLLM's thread is using: it sets ``reload_due``, and the new
+        # settings are applied here (``on_reload_due``), on vLLM's thread, at the next call
+        # boundary (a new millisecond, or an eviction), between two calls' events.
+        self.reload_due = False
+        self.on_reload_due: Callable[[], None] | None = None
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -195,6 +201,8 @@ class Translator:
         """The encoded ts_us of an event now (wall clock, whole milliseconds)."""
         ms = time.time_ns() // 1_000_000
         if ms != self._ts_ms:
+            if self.reload_due:
+                self.reload_now()
             if self._buffer and ms - self._applied_ms >= FLUSH_MS:
                 self.apply()  # what waited a second goes in (before the caller's event)
             if ms >= self._report_ms:
@@ -204,6 +212,19 @@ class Translator:
             self._ts_ms = ms
             self._ts = events.timestamp(ms * 1000)
         return self._ts
+
+    def reload_now(self) -> None:
+        """Apply the settings a watcher handed over (vLLM's thread only). The flag is
+        cleared first: settings handed over meanwhile set it again, none is lost."""
+        self.reload_due = False
+        if self.on_reload_due is not None:
+            self.on_reload_due()
+
+    def set_tenant(self, tenant: str) -> None:
+        """The tenant of chunks whose request names none, from the next request on (a
+        request in flight keeps the intent it was encoded with)."""
+        self.tenant = tenant
+        self._plain_intent = events.intent_fields("", tenant=tenant)
 
     def record(self, event: bytes) -> None:
         buffer = self._buffer
@@ -488,6 +509,8 @@ class Translator:
         """Exactly ``n`` (key, chunk) victims, none protected nor held, or None (no change)."""
         if n == 0:
             return []
+        if self.reload_due:
+            self.reload_now()  # a switch is in force from the next decision on
         stats = self.stats
         stats.evictions_asked += 1
         entries = self.entries

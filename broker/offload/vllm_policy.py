@@ -19,6 +19,10 @@ deterministic core, embedded here with one tier of ``cache_capacity`` chunks, an
 journaled when ``kvbroker_journal`` names a journal: ``kvbroker replay --journal URL
 --verify`` then reproduces vLLM's evictions, and ``kvbroker replay --policy ...`` tries
 another policy on the same traffic.
+
+``kvbroker_settings_file`` switches the policy while vLLM runs (broker/offload/reload.py):
+validated in full on a thread of its own, applied on vLLM's between two calls, journaled as
+the next config generation.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 
 from broker.offload.embedded import EmbeddedCore, close_at_exit
-from broker.offload.settings import OffloadSettings, SettingsError, load_settings
+from broker.offload.reload import Listener, LiveSettings, settings_at_start
+from broker.offload.settings import OffloadSettings, SettingsError
 from broker.offload.shadows import ShadowSet, describe_shadows
 from broker.offload.translate import Decider, RequestIntent, Translator
 from broker.offload.vllm_report import Reporter
@@ -91,14 +96,20 @@ class KvbrokerCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int, extra_config: Mapping[str, Any] | None = None) -> None:
         super().__init__(cache_capacity)
         found, rank = vllm_context()
-        self.settings = load_settings(extra_config if extra_config is not None else found, rank=rank)
+        extra = extra_config if extra_config is not None else found
+        # The startup settings, with kvbroker_settings_file's keys on top when it names one.
+        settings, seen = settings_at_start(extra, rank=rank)
         # Sidecar mode: the embedded core is the broker's local fallback (and mirror).
-        fallback = self.settings.fallback_policy if self.settings.mode == "sidecar" else ""
-        self.local = EmbeddedCore(self.settings, cache_capacity, policy=fallback or None)
-        self.translator = translator = Translator(self.local, tenant=self.settings.tenant)
-        decider = make_decider(self.settings, self.local, translator)
+        fallback = settings.fallback_policy if settings.mode == "sidecar" else ""
+        self.local = EmbeddedCore(settings, cache_capacity, policy=fallback or None)
+        self.translator = translator = Translator(self.local, tenant=settings.tenant)
+        decider = make_decider(settings, self.local, translator)
         if decider is not None:
             translator.decider = decider
+        # The settings in force, switched live when the settings file changes; listeners
+        # (old, new) run after each switch, on vLLM's thread (shadows follow there).
+        self.live = LiveSettings(settings, extra, local=self.local, translator=translator, capacity=cache_capacity, seen=seen)
+        self.on_reload: list[Listener] = self.live.on_reload
         # vLLM calls these once per chunk: bound straight to the translator (an instance
         # attribute wins over the class's method), one Python call instead of two.
         self.get = translator.get  # type: ignore[method-assign]
@@ -112,6 +123,8 @@ class KvbrokerCachePolicy(CachePolicy):
         self.capacity = cache_capacity
         self.shadows = ShadowSet(self.settings, cache_capacity)
         self.shadow_errors = 0
+        # A live switch rebuilds the shadows and sizes it changes (kept ones keep counting).
+        self.on_reload.append(lambda old, new: self.shadows.configure(new))
         try:
             self.reporter = Reporter(self.snapshot, self.settings)
         except BaseException:
@@ -121,13 +134,20 @@ class KvbrokerCachePolicy(CachePolicy):
         # journal thread's own close, registered earlier; in vLLM's forked engine core too).
         close_at_exit(self.close)
         log.info(
-            "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s%s",
-            self.settings.policy,
-            self.settings.mode,
+            "kvbroker CachePolicy: policy %s (%s), %d chunks, journal %s%s%s",
+            settings.policy,
+            settings.mode,
             cache_capacity,
-            self.settings.resolved_journal(),
+            settings.resolved_journal(),
+            f", settings file {self.live.path} (watched every {settings.settings_poll_s:g} s)" if self.live.path else "",
             describe_shadows(self.shadows),
         )
+        self.live.start()
+
+    @property
+    def settings(self) -> OffloadSettings:
+        """The settings in force (a live switch replaces them)."""
+        return self.live.settings
 
     @override
     def get(self, key: OffloadKey) -> ChunkStatus | None:
@@ -215,6 +235,7 @@ class KvbrokerCachePolicy(CachePolicy):
         """Apply what is buffered, write the journal, stop its thread (idempotent); in
         sidecar mode also forward what is held back and close the link to the broker.
         Then the last report line and status file."""
+        self.live.close()
         self.translator.apply()
         close_decider = getattr(self.translator.decider, "close", None)
         if close_decider is not None:

@@ -209,7 +209,9 @@ def replay(
     With ``expected`` (the journal's DIRECTIVES records), every DirectiveBatch the replay
     produces is compared, in order, with the journaled one. ``sink`` collects every
     directive the replay decides. ``policy`` None follows the journal exactly: its own
-    policy and every config change as the live broker applied it (what verification needs).
+    policy and every config change as the live broker applied it (what verification needs);
+    its result is then named by the policies it followed, ``lru->adaptive->arc`` when the
+    journal switched policy (a reload of ``kvbroker serve``, a settings file inside vLLM).
     """
     core_config = config if policy is None else with_policy(config, policy, params)
     live_params = params
@@ -227,9 +229,12 @@ def replay(
     # In a worker of a parallel sweep: events go to the sweep's shared counter (its progress).
     counted = sweep_progress.counting()
     reported = 0
+    followed = [driving.policy_name]
     for item, (generation, batch) in enumerate(batches()):
         if isinstance(batch, CoreConfig):
             driving.follow(batch if policy is None else with_policy(batch, policy, live_params), generation)
+            if driving.policy_name != followed[-1]:
+                followed.append(driving.policy_name)
             continue
         batch = read_item(batches, item, batch)
         core = driving.core_for(batch.client_id)
@@ -269,7 +274,7 @@ def replay(
     tier_names = [t.name for t in driving.core.tiers]
     cores = list(driving.cores().values())
     return ReplayResult(
-        policy=driving.policy_name,
+        policy="->".join(followed),
         batches=n_batches,
         events=n_events,
         directives=n_directives,
