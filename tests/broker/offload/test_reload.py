@@ -194,6 +194,11 @@ FROZEN_CHANGES: dict[str, Any] = {
     "broker": "127.0.0.1:1",
     "broker_tier": "cpu1",
     "history_ghosts": 2,
+    "report_s": 30,
+    "metrics_port": 9,
+    "metrics_host": "0.0.0.0",
+    "status_file": "/tmp/elsewhere-status.json",
+    "status_s": 2,
 }
 
 

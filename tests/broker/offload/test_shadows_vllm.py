@@ -62,3 +62,29 @@ def test_a_sampled_whatif_size_is_within_two_points_of_the_exact_figure(rate: fl
         assert row["sample_rate"] == rate and row["policy"] == "history_arc"
         exact = in_vllm("history_arc", row["capacity"], whole) / asked
         assert abs(row["hit_ratio"] - exact) <= 0.02, (row, exact)
+
+
+def test_a_live_switch_rebuilds_the_shadows_it_changes_and_keeps_the_others(tmp_path: Any, whole: list[tuple[int, list[int]]]) -> None:
+    """kvbroker_settings_file names new shadows and a new decider mid-stream: the kept shadow
+    goes on counting, the new one starts, the decider's figure starts over for the new policy."""
+    import json
+
+    from tests.broker.offload import manager_driver as d
+
+    settings_file = tmp_path / "kvbroker.json"
+    settings_file.write_text(json.dumps({"kvbroker_shadows": "arc,s3fifo"}))
+    manager = d.kvbroker_manager("lru", 1953, settings_file=str(settings_file), settings_poll_s=3600)
+    policy = manager._policy
+    half = len(whole) // 2
+    d.mooncake_at_trace_time(manager, whole[:half])
+    before = {(r["role"], r["policy"]): r for r in policy.snapshot()["rows"]}
+    assert set(before) == {("decider", "lru"), ("shadow", "arc"), ("shadow", "s3fifo")}
+    settings_file.write_text(json.dumps({"kvbroker_policy": "history_arc", "kvbroker_shadows": "arc,lru"}))
+    assert policy.live.check()
+    policy.translator.reload_now()  # what vLLM's thread does at its next call
+    d.mooncake_at_trace_time(manager, whole[half:])
+    after = {(r["role"], r["policy"]): r for r in policy.snapshot()["rows"]}
+    assert set(after) == {("decider", "history_arc"), ("shadow", "arc"), ("shadow", "lru")}
+    assert after[("shadow", "arc")]["asked"] > before[("shadow", "arc")]["asked"]  # kept, still counting
+    second = sum(len(ids) for _, ids in whole[half:])
+    assert after[("decider", "history_arc")]["asked"] == second == after[("shadow", "lru")]["asked"]
