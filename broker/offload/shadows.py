@@ -47,8 +47,8 @@ log = logging.getLogger("vllm.kvbroker")
 # The hash space of the spatial sample (SHARDS' P): a 32-bit hash, so a rate's grain is
 # far below any rate worth running.
 SAMPLE_SPACE: Final = 1 << 32
-# A what-if size whose sampled cache would hold fewer chunks runs unsampled: a miniature
-# cache of a few dozen chunks misestimates (SHARDS' error grows as the sample shrinks).
+# The fewest chunks a sampled what-if cache holds: a smaller size is sampled at a higher
+# rate (SHARDS' error grows as the miniature cache shrinks).
 MIN_SAMPLED_CHUNKS: Final = 128
 
 
@@ -249,7 +249,7 @@ class ShadowSet:
         self.decider = Figure("decider", settings.policy, capacity)
         self.full: list[Shadow] = []
         self.sampled: list[Shadow] = []
-        self.threshold = 0
+        self.thresholds: list[int] = []
         self.configure(settings)
 
     def configure(self, settings: OffloadSettings) -> None:
@@ -268,13 +268,18 @@ class ShadowSet:
             capacity = max(1, round(self.capacity * multiple))
             # A sample too small to hold a useful cache runs whole (exact, and cheap: the
             # tier it stands for is small).
-            chunks_rate = 1.0 if capacity * rate < MIN_SAMPLED_CHUNKS else rate
+            # A size whose sample would hold fewer than MIN_SAMPLED_CHUNKS is sampled at the
+            # rate that gives it that many (whole, when that is every key): a miniature cache
+            # of a few dozen chunks misestimates, and a small size is cheap to sample more.
+            chunks_rate = min(1.0, max(rate, MIN_SAMPLED_CHUNKS / capacity))
             figure = Figure("whatif", settings.policy, capacity, sample_rate=chunks_rate)
             sized.append(self._reuse(old, figure, settings.policy_params, settings))
         self.full = full
         self.sampled = [s for s in sized if s.figure.sample_rate < 1.0]
         self.full += [s for s in sized if s.figure.sample_rate >= 1.0]
-        self.threshold = round(rate * SAMPLE_SPACE)
+        # Each sampled size's threshold; the samples nest (a key in a lower rate's sample is
+        # in every higher one's), and one hash per key serves them all.
+        self.thresholds = [round(s.figure.sample_rate * SAMPLE_SPACE) for s in self.sampled]
 
     def _identity(self, shadow: Shadow) -> tuple[Any, ...]:
         f = shadow.figure
@@ -315,11 +320,12 @@ class ShadowSet:
         for shadow in self.full:
             shadow.request(keys, req, intent, now_ms)
         if self.sampled:
-            threshold = self.threshold
             crc = zlib.crc32
-            part = [key for key in keys if crc(key) < threshold]
-            if part:
-                for shadow in self.sampled:
+            top = max(self.thresholds)
+            hashed = [(h, key) for key in keys if (h := crc(key)) < top]
+            for shadow, threshold in zip(self.sampled, self.thresholds, strict=True):
+                part = [key for h, key in hashed if h < threshold] if threshold < top else [key for _, key in hashed]
+                if part:
                     shadow.request(part, req, intent, now_ms)
 
     def clear(self) -> None:

@@ -141,9 +141,11 @@ def test_a_sampled_size_runs_a_smaller_cache_on_its_share_of_the_keys() -> None:
     # not); the Mooncake trace at 10k+ chunks holds 0.02 (test_shadows_vllm.py).
     assert abs(row["hit_ratio"] - exact) < 0.03, (row, exact)
     assert abs(row["hit_ratio"] - exact) < abs(row["hit_ratio"] - shadows.decider.hit_ratio) / 3
-    # A size too small to sample runs whole.
-    tiny = ShadowSet(OffloadSettings(policy="lru", whatif=(0.5,), whatif_sample=0.1), 1000)
-    assert not tiny.sampled and tiny.full[0].chunks == 500
+    # A size whose sample would be small is sampled at the rate that keeps 128 chunks, and a
+    # size of fewer runs whole.
+    small = ShadowSet(OffloadSettings(policy="lru", whatif=(0.5, 0.1), whatif_sample=0.1), 1000)
+    assert [(s.figure.sample_rate, s.chunks) for s in small.sampled] == [(0.256, 128)]
+    assert [(s.figure.capacity, s.chunks) for s in small.full] == [(100, 100)]
 
 
 def test_reconfiguring_keeps_the_shadows_that_stay_and_their_counts() -> None:
