@@ -75,7 +75,9 @@ def test_metrics_and_status_file_show_what_the_policy_counted_in_vllm(tmp_path: 
     assert (status["client_id"], status["pid"], status["policy"], status["capacity"]) == ("vllm", os.getpid(), "lru", CAPACITY)
     table = cli("vllm-status", str(path))
     assert table.returncode == 0 and f"decider  lru     {CAPACITY}" in table.stdout, table.stdout
-    last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kvbroker report")][-1]
+    # This policy's own lines (a policy another test left behind logs its minute line too).
+    mine = f"kvbroker report (vllm): decider lru capacity {CAPACITY}:"
+    last = [r.getMessage() for r in caplog.records if r.getMessage().startswith(mine)][-1]
     assert last == (
         f"kvbroker report (vllm): decider lru capacity {CAPACITY}: {row['hits']} hits / {row['asked']} asked, "
         f"hit ratio {row['hit_ratio']:.4f}"
