@@ -74,6 +74,7 @@ TRACES = (
     "multi_turn_chat:2",
     "long_gap_chat:1",
     "long_gap_chat:2",
+    "returning_chat",
 )
 SIZES = "0.02,0.05,0.15"
 ENGINES = ("replay", "libcachesim", "vllm")
