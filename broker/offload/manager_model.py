@@ -86,21 +86,8 @@ class EmulatedManager:
             (to_store if policy.get(key) is None else existing).append(key)
         self._record(keys, req, seen)
         reused.update(key for key in existing if key not in inserted)
-        if not to_store:
+        if not to_store or not self._make_room(len(to_store), keys):
             return
-        need = len(to_store) - (self.num_chunks - self.used)
-        if need > 0:
-            if need > self.evictable:
-                self.stores_refused += 1
-                return
-            evicted = policy.evict(need, set(keys))
-            if evicted is None:
-                self.stores_refused += 1
-                return
-            self.evictable -= len(evicted)
-            self.used -= len(evicted)
-            self.evictions += len(evicted)
-        self.used += len(to_store)
         for key in to_store:
             policy.insert(key, _Chunk(), req)
         inserted.update(to_store)
@@ -112,6 +99,25 @@ class EmulatedManager:
                 chunk.ref_cnt = 0
                 self.evictable += 1
                 policy.mark_evictable(key)
+
+    def _make_room(self, count: int, keys: list[bytes]) -> bool:
+        """prepare_store's allocation of ``count`` chunks for a store of ``keys`` (none of
+        them evictable): the evictions it asks the policy for; False when the store is
+        refused (too few evictable chunks, or the policy declined)."""
+        need = count - (self.num_chunks - self.used)
+        if need > 0:
+            if need > self.evictable:
+                self.stores_refused += 1
+                return False
+            evicted = self.policy.evict(need, set(keys))
+            if evicted is None:
+                self.stores_refused += 1
+                return False
+            self.evictable -= len(evicted)
+            self.used -= len(evicted)
+            self.evictions += len(evicted)
+        self.used += count
+        return True
 
     def _finish(self, seen: dict[bytes, None], inserted: set[bytes], reused: set[bytes], req: Any) -> None:
         keys = list(seen)

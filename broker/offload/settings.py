@@ -203,16 +203,19 @@ def _ghosts(value: Any, where: str) -> float:
         raise SettingsError(str(exc)) from None
 
 
-def _names(value: Any, where: str) -> tuple[str, ...]:
-    """A list of policy names: a comma-separated string or a JSON/Python list of strings."""
+def _items(value: Any, where: str, expected: str) -> list[Any]:
+    """A setting's list: a comma-separated string (blank: none) or a JSON/Python list."""
     if isinstance(value, str):
-        items: list[Any] = [part.strip() for part in value.split(",")] if value.strip() else []
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise SettingsError(f"{where}: expected policy names separated by commas, got {type(value).__name__}")
+        return [part.strip() for part in value.split(",")] if value.strip() else []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise SettingsError(f"{where}: expected {expected} separated by commas, got {type(value).__name__}")
+
+
+def _names(value: Any, where: str) -> tuple[str, ...]:
+    """A list of policy names."""
     names: list[str] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(_items(value, where, "policy names")):
         if not isinstance(item, str) or not item:
             raise SettingsError(f"{where}[{i}]: expected a policy name, got {item!r}")
         if item in names:
@@ -222,15 +225,9 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _multiples(value: Any, where: str) -> tuple[float, ...]:
-    """What-if sizes: multiples of the tier, > 0, comma-separated or a list of numbers."""
-    if isinstance(value, str):
-        items: list[Any] = [part.strip() for part in value.split(",")] if value.strip() else []
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise SettingsError(f"{where}: expected multiples of the tier separated by commas (e.g. 0.5,2,4), got {type(value).__name__}")
+    """What-if sizes: multiples of the tier, > 0."""
     out: list[float] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(_items(value, where, "multiples of the tier (e.g. 0.5,2,4)")):
         multiple = _number(item, f"{where}[{i}]")
         if multiple > MAX_WHATIF:
             raise SettingsError(f"{where}[{i}]: at most {MAX_WHATIF:g} times the tier, got {multiple:g}")

@@ -160,21 +160,8 @@ class _LeanManager(EmulatedManager):
         if len(to_store) < len(keys):
             stored = set(to_store)
             reused.update(key for key in keys if key not in stored)
-        if not to_store:
+        if not to_store or not self._make_room(len(to_store), keys):
             return
-        need = len(to_store) - (self.num_chunks - self.used)
-        if need > 0:
-            if need > self.evictable:
-                self.stores_refused += 1
-                return
-            evicted = policy.evict(need, set(keys))
-            if evicted is None:
-                self.stores_refused += 1
-                return
-            self.evictable -= len(evicted)
-            self.used -= len(evicted)
-            self.evictions += len(evicted)
-        self.used += len(to_store)
         self.evictable += len(to_store)
         insert = policy.insert
         for key in to_store:
