@@ -88,3 +88,34 @@ def test_a_live_switch_rebuilds_the_shadows_it_changes_and_keeps_the_others(tmp_
     assert after[("shadow", "arc")]["asked"] > before[("shadow", "arc")]["asked"]  # kept, still counting
     second = sum(len(ids) for _, ids in whole[half:])
     assert after[("decider", "history_arc")]["asked"] == second == after[("shadow", "lru")]["asked"]
+
+
+def test_the_shadows_and_sizes_reach_the_metrics_and_the_status_file(tmp_path: Any, whole: list[tuple[int, list[int]]]) -> None:
+    """Every row snapshot() reports is a Prometheus series (labels role, policy, capacity,
+    sample_rate) and a row of the status file, with the same figures."""
+    import json
+    import urllib.request
+
+    from tests.broker.offload import manager_driver as d
+
+    status = tmp_path / "status.json"
+    manager = d.kvbroker_manager(
+        "history_arc", 19531, shadows="arc", whatif="0.5,2", metrics_port=0, status_file=str(status), status_s=3600
+    )
+    policy = manager._policy
+    d.mooncake_at_trace_time(manager, whole[:1500])
+    rows = policy.snapshot()["rows"]
+    assert [(r["role"], r["policy"], r["capacity"], r["sample_rate"]) for r in rows] == [
+        ("decider", "history_arc", 19531, 1.0),
+        ("shadow", "arc", 19531, 1.0),
+        ("whatif", "history_arc", 9766, 0.1),
+        ("whatif", "history_arc", 39062, 0.1),
+    ]
+    with urllib.request.urlopen(policy.reporter.metrics_url, timeout=10) as answer:
+        text = answer.read().decode()
+    for row in rows:
+        labels = f'capacity="{row["capacity"]}",policy="{row["policy"]}",role="{row["role"]}",sample_rate="{row["sample_rate"]:g}"'
+        assert f"kvbroker_vllm_hits_total{{{labels}}} {float(row['hits'])}" in text, (labels, text[:2000])
+        assert f"kvbroker_vllm_lookups_total{{{labels}}} {float(row['asked'])}" in text
+    policy.close()
+    assert json.loads(status.read_text())["rows"] == rows
