@@ -183,9 +183,11 @@ def test_the_capture_importer_imports_the_trace_base_not_the_server() -> None:
 
 
 def test_only_the_doors_of_the_broker_import_the_vllm_integration() -> None:
-    # The command line (the vllm-bridge verb), the trace registry (vllm-events captures) and
-    # replay --engine vllm (the CachePolicy's own translation); the rest of broker/ knows
-    # nothing of vLLM.
-    doors = ("broker.cli.main", "broker.replay.traces", "broker.replay.engine_vllm")
-    found = offenders(import_graph(), ("broker",), ("vllm_integration",))
+    # The command line (the vllm-bridge verb), the trace registry (vllm-events captures),
+    # replay --engine vllm (the CachePolicy's own translation) and the old module path vLLM
+    # configs name; the rest of broker/ knows nothing of vLLM.
+    doors = ("broker.cli.main", "broker.replay.traces", "broker.replay.engine_vllm", "broker.offload.vllm_policy")
+    graph = import_graph()
+    found = offenders(graph, ("broker",), ("vllm_integration",))
     assert sorted({name for name, _ in found}) == sorted(doors)
+    assert [dep for name, dep in found if name == "broker.offload.vllm_policy"] == ["vllm_integration.decisions_to_vllm.cache_policy"]

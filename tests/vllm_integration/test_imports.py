@@ -56,6 +56,6 @@ def test_the_events_from_vllm_load_no_broker() -> None:
 
 @pytest.mark.vllm
 def test_the_policy_vllm_loads_imports_no_server() -> None:
-    found = imported_after(("vllm_integration.decisions_to_vllm.cache_policy",))
+    found = imported_after(("vllm_integration.decisions_to_vllm.cache_policy", "broker.offload.vllm_policy"))
     # vLLM itself may import grpc for its own reasons; what must not come is kvbroker's server.
     assert [m for m in found if m.startswith(("broker.service", "broker.replay", "broker.cli"))] == []

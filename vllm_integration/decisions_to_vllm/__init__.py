@@ -1,7 +1,8 @@
 """kvbroker -> vLLM: kvbroker's policies deciding the evictions of vLLM's CPU offload tier.
 
 vLLM 0.33's CPU offloading asks a ``CachePolicy`` which chunks to evict; kvbroker's is
-``cache_policy.KvbrokerCachePolicy``, loaded by module path.
+``cache_policy.KvbrokerCachePolicy``, loaded by module path (``broker.offload.vllm_policy``,
+the path older configs name, re-exports it).
 
 - ``cache_policy``: the class vLLM loads (imports vLLM); the one module that does.
 - ``settings``, ``security_env``: the ``kvbroker_*`` keys of kv_connector_extra_config,

@@ -15,7 +15,8 @@
 - intent: a request whose KvHintsEnvelope says "hot" keeps its chunks over hint-less ones
   under priority_lru.
 - replay: the journal written in embedded mode replays with ``kvbroker replay --verify``.
-- configuration: the real CPUOffloadingSpec hands its kv_connector_extra_config to the policy.
+- configuration: the real CPUOffloadingSpec hands its kv_connector_extra_config to the policy,
+  loaded by the module path of today and by the one older configs name.
 """
 
 from __future__ import annotations
@@ -270,19 +271,34 @@ def test_the_embedded_journal_replays_with_verify(tmp_path: Path, policy: str, o
     assert records[other]["verified"] is None  # another policy on the same traffic: an A/B, not a check
 
 
-def test_the_real_offloading_spec_hands_its_extra_config_to_the_policy(tmp_path: Path) -> None:
+# The path configs name today, and the one they named before the vLLM integration had a
+# room of its own (broker/offload/vllm_policy.py re-exports the class).
+MODULE_PATHS = ("vllm_integration.decisions_to_vllm.cache_policy", "broker.offload.vllm_policy")
+
+
+def test_the_old_module_path_is_the_same_class() -> None:
+    from broker.offload.vllm_policy import KvbrokerCachePolicy as old
+    from vllm_integration.decisions_to_vllm.cache_policy import KvbrokerCachePolicy as new
+
+    assert old is new
+
+
+@pytest.mark.parametrize("module_path", MODULE_PATHS)
+def test_the_real_offloading_spec_hands_its_extra_config_to_the_policy(tmp_path: Path, module_path: str) -> None:
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from vllm_integration.decisions_to_vllm.cache_policy import KvbrokerCachePolicy
 
     extra = {
         "eviction_policy": "KvbrokerCachePolicy",
-        "cache_policy_module_path": "vllm_integration.decisions_to_vllm.cache_policy",
+        "cache_policy_module_path": module_path,
         "kvbroker_policy": "arc",
         "kvbroker_client_id": "engine-7",
     }
     config = driver().offloading_config(extra)
     spec = CPUOffloadingSpec(config)  # type: ignore[arg-type]
     policy = spec.get_manager()._policy
-    assert type(policy).__name__ == "KvbrokerCachePolicy"
+    assert type(policy) is KvbrokerCachePolicy
     assert (policy.settings.policy, policy.local.client_id, policy.cache_capacity) == ("arc", "engine-7", spec.num_chunks)
     assert spec.num_chunks > 0 and policy.local.core.tiers[0].capacity == spec.num_chunks
     bad = SimpleNamespace(**{**vars(config), "extra_config": {**config.extra_config, "kvbroker_policy": "nope"}})
