@@ -16,25 +16,25 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from broker.bench.memory import rss
-from broker.offload import events
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.settings import OffloadSettings
+from vllm_integration.decisions_to_vllm import intent_bytes
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
-PLAIN = events.intent_fields("")  # a chunk's MemoryIntent after its id, as the adapter sends it (size 1)
+PLAIN = intent_bytes.intent_fields("")  # a chunk's MemoryIntent after its id, as the adapter sends it (size 1)
 
 
 def churn(core: EmbeddedCore, start: int, count: int, capacity: int) -> None:
     """Store ``count`` new chunks one after another, each evicting the oldest once full:
     every eviction is EvictionRequested + freed (a ghost), as the adapter sends them."""
-    ts = events.timestamp(1)
+    ts = intent_bytes.timestamp(1)
     for n in range(start, start + count):
         batch = []
         if n >= capacity:
-            batch.append(events.eviction_requested(ts, 1, []))
-        batch.append(events.allocated(ts, events.id_field(f"{n:032x}"), PLAIN))
+            batch.append(intent_bytes.eviction_requested(ts, 1, []))
+        batch.append(intent_bytes.allocated(ts, intent_bytes.id_field(f"{n:032x}"), PLAIN))
         outcome = core.apply(batch)
         if outcome.directives:
-            core.apply([events.freed(ts, [events.id_field(d.block_id) for d in outcome.directives])])
+            core.apply([intent_bytes.freed(ts, [intent_bytes.id_field(d.block_id) for d in outcome.directives])])
 
 
 def main() -> int:

@@ -3,7 +3,7 @@ items 2 and 4), through vLLM's real CPUOffloadingManager. Needs vLLM::
 
     python bench/hostile_hints.py
 
-1. Deadlines past int64: a stream of concurrent requests (tests/broker/offload/manager_driver.py,
+1. Deadlines past int64: a stream of concurrent requests (tests/vllm_integration/decisions_to_vllm/manager_driver.py,
    token positions, 64 chunks), 1 request in 20 hinted ``deadline_ms`` 1e16 (and "hot"), run
    by vLLM's own LRU and by the adapter's lru: the stores each refuses, the chunks vLLM holds
    at the end and how many of them the adapter's core holds, the hints it ignored.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope  # noqa: E402
 from vllm.v1.kv_offload.base import ReqContext  # noqa: E402
 
-from tests.broker.offload.manager_driver import key, kvbroker_manager, random_stream, vllm_manager  # noqa: E402
+from tests.vllm_integration.decisions_to_vllm.manager_driver import key, kvbroker_manager, random_stream, vllm_manager  # noqa: E402
 
 
 def envelope(payload: dict[str, Any]) -> KvHintsEnvelope:

@@ -30,7 +30,7 @@ Engines (``--engines``), each at the same number of chunks:
   --engine vllm``, which the vllm-marked tests hold within 3% of the real one, with vLLM's
   lru as kvbroker's lru and without vLLM's arc, and a line says so): vLLM
   0.33's CPUOffloadingManager run as its scheduler runs it
-  (tests/broker/offload/manager_driver.py ``mooncake``: each request looks its chunks up
+  (tests/vllm_integration/decisions_to_vllm/manager_driver.py ``mooncake``: each request looks its chunks up
   until the first miss, loads the hits, stores the rest), with vLLM's ``lru`` and ``arc``
   and each kvbroker policy through the adapter. Hits: the chunks of that prefix.
 
@@ -188,7 +188,7 @@ def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
     is left out."""
     timed = timed_requests_of(task.path)
     if vllm_available():
-        from tests.broker.offload.manager_driver import kvbroker_manager, mooncake, mooncake_at_trace_time, vllm_manager
+        from tests.vllm_integration.decisions_to_vllm.manager_driver import kvbroker_manager, mooncake, mooncake_at_trace_time, vllm_manager
 
         for name in task.policies:
             source, _, policy = name.partition(":")

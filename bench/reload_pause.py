@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The pause a live switch (``kvbroker_settings_file``, broker/offload/reload.py) costs:
+"""The pause a live switch (``kvbroker_settings_file``, vllm_integration/decisions_to_vllm/reload.py) costs:
 reading and validating the file (the watcher's thread), then switching the embedded core
 (vLLM's scheduler thread: the new policy warmed from a full CPU tier). One JSON line each.
 
@@ -16,9 +16,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.reload import LiveSettings, settings_at_start
-from broker.offload.translate import Translator
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.policy_calls import Translator
+from vllm_integration.decisions_to_vllm.reload import LiveSettings, settings_at_start
 
 
 class Ctx:

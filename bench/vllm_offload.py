@@ -1,5 +1,5 @@
 """The Mooncake trace through vLLM's real CPUOffloadingManager: hits of vLLM's own lru and
-arc and of kvbroker's policies through the adapter (broker/offload), the default first, each
+arc and of kvbroker's policies through the adapter (vllm_integration/decisions_to_vllm), the default first, each
 beside what ``kvbroker replay --engine vllm`` predicts for it, at three CPU tier sizes; and
 the cost per policy call of the adapter (kvbroker's lru and the default) against vLLM's LRU.
 
@@ -10,7 +10,7 @@ Needs vLLM (``pip install 'kvbroker[vllm]'``)::
 
 Each request of tests/data/mooncake/synthetic_trace.jsonl (3,993 requests, 512-token
 chunks given by prefix-chained hashes) is run as vLLM's scheduler runs it
-(tests/broker/offload/manager_driver.py): look up its chunks in order until a miss, load
+(tests/vllm_integration/decisions_to_vllm/manager_driver.py): look up its chunks in order until a miss, load
 the hits, store the misses (the manager evicts through the policy), finish the request
 (token positions set, as vLLM's scheduler sets them). The hit ratio is chunks hit over
 chunks asked. Sizes are chunk counts (default 1,953 / 5,859 / 19,531: 1M, 3M and 10M
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from broker.config.settings import DEFAULT_POLICY  # noqa: E402
 from broker.replay.engine_vllm import replay_requests  # noqa: E402
-from tests.broker.offload.manager_driver import (  # noqa: E402
+from tests.vllm_integration.decisions_to_vllm.manager_driver import (  # noqa: E402
     MOONCAKE,
     TimedPolicy,
     kvbroker_manager,

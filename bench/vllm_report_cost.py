@@ -1,4 +1,4 @@
-"""What reporting (broker/offload/vllm_report.py) costs vLLM's scheduler thread.
+"""What reporting (vllm_integration/decisions_to_vllm/report.py) costs vLLM's scheduler thread.
 
 The Mooncake trace's first ``--requests`` requests through vLLM's real CPUOffloadingManager
 with kvbroker's ``lru`` (1,953 chunks), each policy call timed on the calling thread's CPU
@@ -18,7 +18,7 @@ import tempfile
 import threading
 import urllib.request
 
-from tests.broker.offload import manager_driver as driver
+from tests.vllm_integration.decisions_to_vllm import manager_driver as driver
 
 
 def run(requests: list[list[int]], busy: bool) -> tuple[float, int]:

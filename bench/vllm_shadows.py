@@ -8,7 +8,7 @@ Needs vLLM (``pip install 'kvbroker[vllm]'``)::
 The Mooncake synthetic trace runs, request after request, through the real manager with
 kvbroker's adapter deciding (the default policy, no journal), as bench/vllm_offload.py runs
 it. Every policy call is timed on the calling thread's CPU clock (what it costs vLLM's
-scheduler thread; tests/broker/offload/manager_driver.TimedPolicy), and the total over the
+scheduler thread; tests/vllm_integration/decisions_to_vllm/manager_driver.TimedPolicy), and the total over the
 run is compared across:
 
 - the adapter alone;
@@ -36,8 +36,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from broker.config.settings import DEFAULT_POLICY  # noqa: E402
-from broker.offload.settings import DEFAULT_WHATIF_SAMPLE  # noqa: E402
-from tests.broker.offload.manager_driver import TimedPolicy, kvbroker_manager, mooncake_at_trace_time  # noqa: E402
+from tests.vllm_integration.decisions_to_vllm.manager_driver import TimedPolicy, kvbroker_manager, mooncake_at_trace_time  # noqa: E402
+from vllm_integration.decisions_to_vllm.settings import DEFAULT_WHATIF_SAMPLE  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from vllm_offload import timed_requests  # noqa: E402

@@ -37,12 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.offload.embedded import EmbeddedCore  # noqa: E402
-from broker.offload.latency import LatencyHistogram  # noqa: E402
-from broker.offload.settings import load_settings  # noqa: E402
-from broker.offload.sidecar import REASONS, SidecarDecider, make_decider  # noqa: E402
-from broker.offload.translate import Translator  # noqa: E402
-from tests.broker.offload.fakes import Chunk, Ctx  # noqa: E402
+from tests.vllm_integration.decisions_to_vllm.fakes import Chunk, Ctx  # noqa: E402
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore  # noqa: E402
+from vllm_integration.decisions_to_vllm.latency import LatencyHistogram  # noqa: E402
+from vllm_integration.decisions_to_vllm.policy_calls import Translator  # noqa: E402
+from vllm_integration.decisions_to_vllm.settings import load_settings  # noqa: E402
+from vllm_integration.decisions_to_vllm.sidecar import REASONS, SidecarDecider, make_decider  # noqa: E402
 
 
 def start_broker(workdir: Path, policy: str, chunks: int, port: int = 0) -> tuple[subprocess.Popen[str], int]:

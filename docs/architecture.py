@@ -20,9 +20,17 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 # (x, y, width, height, title, lines, colour): the boxes, in data units of a 16 x 9 canvas.
 BOXES = [
-    (0.3, 6.8, 3.6, 1.9, "inference engine", ["vLLM, or any engine"], "#dbe9f6"),
-    (1.0, 3.9, 2.9, 2.0, "clients/", ["BrokerClient,", "SyncBrokerClient,", "vllm-bridge"], "#dbe9f6"),
-    (0.3, 0.5, 3.6, 2.3, "vLLM CachePolicy", ["kvbroker's policy in", "vLLM's CPU offload tier"], "#dbe9f6"),
+    (0.3, 6.8, 3.6, 1.9, "vLLM", ["or any engine: scheduler,", "KV cache, CPU offload tier"], "#dbe9f6"),
+    (1.0, 3.9, 2.9, 2.0, "events_from_vllm/", ["vLLM \u2192 kvbroker: the", "vllm-bridge, hooks;", "clients/ for any engine"], "#dbe9f6"),
+    (
+        0.3,
+        0.9,
+        3.6,
+        2.3,
+        "decisions_to_vllm/",
+        ["kvbroker \u2192 vLLM: the", "CachePolicy in its CPU", "tier; shadows, what-if"],
+        "#dbe9f6",
+    ),
     (5.4, 5.5, 4.2, 3.0, "broker/service", ["gRPC on uvloop: decode,", "validate, tenants, limits,", "health, metrics"], "#fde9c9"),
     (
         5.4,
@@ -47,13 +55,14 @@ BOXES = [
 
 # (start, end, label, label position, dashed): the arrows, by their end points.
 ARROWS = [
-    ((2.6, 6.8), (2.6, 5.9), "intent, KV events", (2.75, 6.35), False),
-    ((0.65, 6.8), (0.65, 2.8), "evict(n)", (0.75, 3.4), False),
+    ((2.6, 6.8), (2.6, 5.9), "KV events, intent", (2.75, 6.35), False),
+    ((0.65, 6.8), (0.65, 3.2), "evict(n)", (1.05, 3.35), False),
     ((3.9, 5.5), (5.4, 6.6), "IntentBatch", (4.55, 6.35), False),
     ((5.4, 6.0), (3.9, 4.9), "DirectiveBatch", (4.7, 4.95), False),
     ((7.0, 5.5), (7.0, 4.3), "apply", (6.65, 4.85), False),
     ((8.2, 4.3), (8.2, 5.5), "directives", (8.85, 4.85), False),
-    ((3.9, 1.7), (5.4, 2.3), "embedded core", (4.6, 1.55), False),
+    ((3.9, 2.1), (5.4, 2.6), "embedded core", (4.65, 1.7), False),
+    ((3.9, 0.75), (11.2, 0.75), "its own journal: --verify, the same traffic through other policies", (7.55, 0.8), False),
     ((9.6, 7.0), (11.2, 7.0), "batches", (10.4, 7.15), False),
     ((13.4, 5.5), (13.4, 4.0), "read", (13.75, 4.7), False),
     ((9.6, 2.8), (11.2, 2.8), "same core", (10.4, 2.95), True),

@@ -128,7 +128,7 @@ class DeadlineEDFPolicy(Policy):
     engine says about *when* a block is read, and EDF is the order that serves promises in
     time; request priority and recency say nothing about when, so they only order blocks
     of equal deadline (or none). Why pending and not "passed means gone": kvbroker's engine
-    hooks (clients/engine_hooks.py) clear a request's deadlines when it is preempted or
+    hooks (vllm_integration/events_from_vllm/engine_hooks.py) clear a request's deadlines when it is preempted or
     finishes, and a decode step names the next use with its read; a deadline still set on
     an unread block is a read still owed. An engine that abandons blocks without clearing
     their deadlines makes them outstay undated blocks of their class (they still leave

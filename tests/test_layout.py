@@ -1,5 +1,5 @@
-"""The house's rooms: no import cycle among the project's modules, and the client library
-free of the broker.
+"""The house's rooms: no import cycle among the project's modules, the client library free
+of the broker, and the vLLM integration's two directions kept apart.
 
 Imports are read from the sources (every ``import`` and ``from ... import``, at any depth,
 those under ``if TYPE_CHECKING:`` included: a cycle that only the type checker sees is still
@@ -12,7 +12,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("broker", "clients", "policies")
+PACKAGES = ("broker", "clients", "policies", "vllm_integration")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -124,9 +124,15 @@ def test_the_walker_reads_every_kind_of_import(tmp_path: pathlib.Path) -> None:
 
 def test_no_import_cycle() -> None:
     graph = import_graph()
-    assert {"broker.model.core", "broker.service.server", "broker.replay.traces.kvds", "clients.broker_client", "policies.lru"} <= set(
-        graph
-    )
+    assert {
+        "broker.model.core",
+        "broker.service.server",
+        "broker.replay.traces.kvds",
+        "clients.broker_client",
+        "policies.lru",
+        "vllm_integration.events_from_vllm.bridge",
+        "vllm_integration.decisions_to_vllm.cache_policy",
+    } <= set(graph)
     assert cycles(graph) == []
 
 
@@ -138,3 +144,50 @@ def test_clients_do_not_import_the_broker() -> None:
         (name, dep) for name, deps in graph.items() if name.startswith("clients") for dep in deps if dep.startswith("broker")
     )
     assert offenders == []
+
+
+def offenders(graph: dict[str, set[str]], room: tuple[str, ...], forbidden: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The imports from a module of ``room`` (names or their packages) of a module of ``forbidden``."""
+
+    def within(name: str, prefixes: tuple[str, ...]) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    return sorted((name, dep) for name, deps in graph.items() if within(name, room) for dep in deps if within(dep, forbidden))
+
+
+def test_the_room_finds_what_it_forbids() -> None:
+    graph = {"a.x": {"b.y", "c"}, "a": {"bb"}, "d": {"b"}}
+    assert offenders(graph, ("a",), ("b",)) == [("a.x", "b.y")]
+
+
+def test_clients_import_neither_the_broker_nor_the_cache_policy() -> None:
+    assert offenders(import_graph(), ("clients",), ("broker", "vllm_integration.decisions_to_vllm")) == []
+
+
+def test_vllms_events_and_the_hints_import_no_broker() -> None:
+    # vLLM -> kvbroker (the bridge sidecar, its translator, the engine hooks) and a request's
+    # KV hints run beside or inside vLLM with clients/ only.
+    rooms = ("vllm_integration.events_from_vllm", "vllm_integration.hints")
+    assert offenders(import_graph(), rooms, ("broker", "vllm_integration.decisions_to_vllm")) == []
+
+
+def test_the_cache_policy_imports_no_server_replay_or_command_line() -> None:
+    # kvbroker -> vLLM: loaded into vLLM's process, it brings the core, never a server.
+    forbidden = ("broker.service", "broker.replay", "broker.cli", "vllm_integration.events_from_vllm", "vllm_integration.trace_import")
+    assert offenders(import_graph(), ("vllm_integration.decisions_to_vllm",), forbidden) == []
+
+
+def test_the_capture_importer_imports_the_trace_base_not_the_server() -> None:
+    forbidden = ("broker.service", "broker.cli", "vllm_integration.decisions_to_vllm")
+    assert offenders(import_graph(), ("vllm_integration.trace_import",), forbidden) == []
+
+
+def test_only_the_doors_of_the_broker_import_the_vllm_integration() -> None:
+    # The command line (the vllm-bridge verb), the trace registry (vllm-events captures),
+    # replay --engine vllm (the CachePolicy's own translation) and the old module path vLLM
+    # configs name; the rest of broker/ knows nothing of vLLM.
+    doors = ("broker.cli.main", "broker.replay.traces", "broker.replay.engine_vllm", "broker.offload.vllm_policy")
+    graph = import_graph()
+    found = offenders(graph, ("broker",), ("vllm_integration",))
+    assert sorted({name for name, _ in found}) == sorted(doors)
+    assert [dep for name, dep in found if name == "broker.offload.vllm_policy"] == ["vllm_integration.decisions_to_vllm.cache_policy"]

@@ -956,9 +956,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_size.add_parser(sub)
 
-    from clients import cli_bridge
+    from vllm_integration.events_from_vllm import bridge_cli
 
-    cli_bridge.add_parser(sub)
+    bridge_cli.add_parser(sub)
 
     from broker.cli import vllm_status as cli_vllm_status
 

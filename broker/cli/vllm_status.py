@@ -1,5 +1,5 @@
 """`kvbroker vllm-status PATH`: what the kvbroker CachePolicy inside vLLM wrote to its
-status file (``kvbroker_status_file``; broker/offload/vllm_report.py), as a table or JSON.
+status file (``kvbroker_status_file``; vllm_integration/decisions_to_vllm/report.py), as a table or JSON.
 
 Kept apart from broker/cli/main.py so the verb is one ``add_parser(subparsers)`` call to wire in.
 """

@@ -50,7 +50,7 @@ DEFAULT_TIERS = (
 
 
 # The policy a broker runs when its config names none (serve, and vLLM's CachePolicy
-# through broker/offload/settings.py). history_arc was lru until issue 30: lru is what the
+# through vllm_integration/decisions_to_vllm/settings.py). history_arc was lru until issue 30: lru is what the
 # engines already do, and history_arc measured best or close to it on every trace the
 # project has, inside vLLM and in replay (docs/policies.md, "The default").
 DEFAULT_POLICY = "history_arc"

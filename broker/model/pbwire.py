@@ -17,7 +17,7 @@ the field has presence.
 Hot paths do not call ``field_*``: they make their keys once (``key(...)`` at import, a
 module constant; per block, a literal checked against ``key`` at import) and inline
 ``SMALL[n] if n < 128 else varint(n)`` for a length, since a Python call costs about as much
-as the rest of a short field (broker/offload/events.py).
+as the rest of a short field (vllm_integration/decisions_to_vllm/intent_bytes.py).
 
 The native answer writer (broker/model/_answer.c: DirectiveBatch bytes; C cannot import
 this) mirrors these functions in its "wire helpers" section (``put_varint``, ``put_u64``,

@@ -8,12 +8,12 @@ first miss is not a hit, only a reuse at the request's finish. What the policy i
 follows from that, so the same policy sees other events, and decides otherwise.
 
 ``replay_requests`` runs the requests one after another through that protocol (the calls
-``tests/broker/offload/manager_driver.py: mooncake`` makes on vLLM's real manager, in the
+``tests/vllm_integration/decisions_to_vllm/manager_driver.py: mooncake`` makes on vLLM's real manager, in the
 same order, with the same chunk bookkeeping) into the adapter kvbroker puts inside vLLM
-(``broker.offload.translate.Translator`` on an embedded core, no journal). So the policy
+(``vllm_integration.decisions_to_vllm.policy_calls.Translator`` on an embedded core, no journal). So the policy
 sees exactly the events it sees inside vLLM, with the same history bound, and the hit count
 is vLLM's: chunks hit by the prefix lookups over chunks asked. The vllm-marked tests hold
-the two figures together on the same trace (tests/broker/offload/test_replay_predicts_vllm.py).
+the two figures together on the same trace (tests/vllm_integration/decisions_to_vllm/test_replay_predicts_vllm.py).
 
 Event time is the trace's (each request at its arrival), where inside vLLM it is the wall
 clock: only a policy that reads event time can tell.
@@ -27,14 +27,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from broker.config import CoreConfig
-from broker.offload import events
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.manager_model import EmulatedManager
-from broker.offload.settings import OffloadSettings
-from broker.offload.translate import Translator
 from broker.replay.replay import ReplayResult
 from broker.replay.traces import SkipCounter, TraceError
 from broker.replay.traces.mooncake import read_requests
+from vllm_integration.decisions_to_vllm import intent_bytes
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager
+from vllm_integration.decisions_to_vllm.policy_calls import Translator
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 ENGINES = ("vllm",)
 
@@ -76,7 +76,7 @@ class _TraceTimeTranslator(Translator):
         ms = self.now_ms
         if ms != self._ts_ms:
             self._ts_ms = ms
-            self._ts = events.timestamp(ms * 1000)
+            self._ts = intent_bytes.timestamp(ms * 1000)
         return self._ts
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from broker.config import BrokerConfig, JournalConfig
 from broker.service.server import RunningBroker, start_broker
-from clients.engine_hooks import EngineHooks
 from clients.sync_client import QueueFull, SyncBrokerClient
-from clients.vllm_events import block_id
 from kvbroker.v1 import intent_pb2 as pb
 from tests.conftest import small_config
+from vllm_integration.events_from_vllm.engine_hooks import EngineHooks
+from vllm_integration.events_from_vllm.zmq_events import block_id
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -35,7 +35,7 @@ from broker.config.telemetry import telemetry_config_from_dict
 from broker.service.health import LIVENESS_SERVICE, HealthConfig
 from broker.service.server import SERVICE_NAME
 from broker.service.telemetry import TelemetryConfig
-from clients.vllm_bridge import offset_endpoint
+from vllm_integration.events_from_vllm.bridge import offset_endpoint
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -649,7 +649,8 @@ def test_k8s_vllm_bridge_reads_the_endpoints_vllm_publishes() -> None:
     # Fails on main: the pod ran no bridge, and vLLM had no replay endpoint.
     import argparse
 
-    from clients import cli_bridge, kvsize
+    from clients import kvsize
+    from vllm_integration.events_from_vllm import bridge_cli
 
     pod = k8s("Deployment", "inference")
     spec = pod["spec"]["template"]["spec"]
@@ -660,7 +661,7 @@ def test_k8s_vllm_bridge_reads_the_endpoints_vllm_publishes() -> None:
     assert bridge["restartPolicy"] == "Always" and bridge["image"] == broker["image"]
     assert bridge["command"] == ["kvbroker", "vllm-bridge"]
     parser = argparse.ArgumentParser(prog="kvbroker")
-    cli_bridge.add_parser(parser.add_subparsers(dest="verb", required=True))
+    bridge_cli.add_parser(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["vllm-bridge", *bridge["args"]])
     # vLLM's side: its --kv-events-config, --model, --data-parallel-size.
     vargs = [str(a) for a in vllm["args"]]

@@ -417,7 +417,7 @@ def test_the_errors_of_a_replay_job_survive_the_trip_from_its_worker_process() -
     """A parallel sweep's job fails in a worker and its error is pickled back: an error that
     cannot be rebuilt from its pickle breaks the pool (BrokenProcessPool, a traceback)."""
     from broker.replay.traces import TraceError
-    from clients.vllm_events import CaptureError
+    from vllm_integration.events_from_vllm.zmq_events import CaptureError
 
     trace = pickle.loads(pickle.dumps(TraceError("t.jsonl", 3, "hash_ids", "expected a list")))
     assert (trace.path, trace.line, trace.field, trace.reason) == ("t.jsonl", 3, "hash_ids", "expected a list")

@@ -13,9 +13,9 @@ import pytest
 
 from broker.journal.file import read_file_journal
 from broker.journal.records import MAGIC, RecordKind, encode
-from broker.offload import events
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.settings import OffloadSettings
+from vllm_integration.decisions_to_vllm import intent_bytes
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -28,9 +28,9 @@ def write_journal(path: Path) -> None:
     all: no directive, so a lost batch changes no decision the directives could show), the
     trailer."""
     core = EmbeddedCore(OffloadSettings(policy="lru", journal=f"file://{path}", client_id="tail-test"), 10_000)
-    intent = events.intent_fields("r")
+    intent = intent_bytes.intent_fields("r")
     for n in range(BATCHES):
-        core.apply([events.allocated(events.timestamp(n + 1), events.id_field(f"c{n}"), intent)])
+        core.apply([intent_bytes.allocated(intent_bytes.timestamp(n + 1), intent_bytes.id_field(f"c{n}"), intent)])
     core.close()
 
 

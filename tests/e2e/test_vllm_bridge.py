@@ -1,6 +1,6 @@
 """`kvbroker vllm-bridge` (a real process) between vLLM 0.33's frames and `kvbroker serve` (a real process).
 
-The engine side is tests/clients/vllm_wire.py's VllmPublisher: vLLM 0.33's PUB and replay
+The engine side is tests/vllm_integration/events_from_vllm/vllm_wire.py's VllmPublisher: vLLM 0.33's PUB and replay
 ROUTER with its exact bytes (checked against vLLM's own publisher by the ``vllm``-marked
 tests). ``Truth`` is the test's account of what vLLM holds: per block, the announcements
 outstanding per medium. After every scenario the broker must hold exactly that, per client
@@ -27,10 +27,19 @@ import grpc
 import pytest
 
 from clients import kvsize
-from clients.vllm_events import block_id
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
-from tests.clients.vllm_wire import Engine, Truth, WireEvent, all_blocks_cleared, block_removed, block_stored, engines, offloaded
+from tests.vllm_integration.events_from_vllm.vllm_wire import (
+    Engine,
+    Truth,
+    WireEvent,
+    all_blocks_cleared,
+    block_removed,
+    block_stored,
+    engines,
+    offloaded,
+)
+from vllm_integration.events_from_vllm.zmq_events import block_id
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

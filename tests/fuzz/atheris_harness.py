@@ -40,9 +40,9 @@ with atheris.instrument_imports():
     from broker.model.core import Core
     from broker.replay.traces import SkipCounter, TraceError, TraceOptions, read_trace
     from broker.service.broker_service import answer_bytes, outcome_to_pb
-    from clients.vllm_events import DecodeError, decode_batch, ts_to_us
-    from clients.vllm_translator import EngineTranslator, MappingOptions
     from kvbroker.v1 import intent_pb2 as pb
+    from vllm_integration.events_from_vllm.to_intents import EngineTranslator, MappingOptions
+    from vllm_integration.events_from_vllm.zmq_events import DecodeError, decode_batch, ts_to_us
 
 CONFIG = """
 [policy]

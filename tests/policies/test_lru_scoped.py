@@ -10,7 +10,7 @@ places it at ``(R, -token_start)`` unconditionally. The eviction order is ascend
 ``(r, s, block_id)`` (vLLM 0.33's LRUCachePolicy: request rank, ``(rank, -position)``).
 
 Every batch goes through ``broker.model.apply.apply_batch`` on a one-tier core of one-byte
-chunks (the embedded vLLM core's config, broker/offload/settings.py), large enough that no
+chunks (the embedded vLLM core's config, vllm_integration/decisions_to_vllm/settings.py), large enough that no
 allocation ever evicts. Victims are taken with ``eviction_requested``; after each batch the
 test compares the EVICT directives (in order), the rejections, the known and resident
 blocks and the whole eviction order (``choose_victims`` over every block: read only).
@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from broker.model import wire
 from broker.model.apply import BatchOutcome, apply_batch
 from broker.model.core import Core, DirectiveKind
-from broker.offload.settings import OffloadSettings
 from kvbroker.v1 import intent_pb2 as pb
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 # One-byte chunks: the tier never fills, so only eviction_requested takes victims.
 CAPACITY = 100_000

@@ -9,8 +9,8 @@ import pytest
 
 from broker.model.apply import apply_batch
 from broker.model.core import Core
-from broker.offload.settings import OffloadSettings
 from kvbroker.v1 import intent_pb2 as pb
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 
 class Tier:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from broker.replay.traces import kvds, profiles, vllm
+from broker.replay.traces import kvds, profiles
 from broker.replay.traces.base import SkipCounter, TraceError
 from broker.replay.traces.mooncake import MooncakeOptions, read_mooncake
 from broker.replay.traces.options import TraceOptions
@@ -22,14 +22,22 @@ def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.
     return read_mooncake(path, mopts, skips)
 
 
+def _vllm_capture(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
+    # Imported here: the importer lives with the rest of the vLLM integration and imports
+    # this package's base and options, so a module-level import would be a loop at runtime.
+    from vllm_integration.trace_import import capture_format
+
+    return capture_format(path, opts, skips)
+
+
 FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.IntentBatch]]] = {
     "mooncake": _mooncake,
     "kvds-events": kvds.events_format,
     "kvds-requests": kvds.requests_format,
     # The trace "path" is a profile name (broker.replay.traces.profiles.PROFILES).
     "profile": profiles.profile_format,
-    # A capture written by `kvbroker vllm-bridge --capture` (format in clients.vllm_events).
-    "vllm-events": vllm.capture_format,
+    # A capture written by `kvbroker vllm-bridge --capture` (format in vllm_integration.events_from_vllm.zmq_events).
+    "vllm-events": _vllm_capture,
 }
 
 

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.cli.main import main
-from broker.offload.settings import OffloadSettings
-from broker.offload.vllm_report import Reporter
+from vllm_integration.decisions_to_vllm.report import Reporter
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 
 def snapshot() -> dict[str, Any]:

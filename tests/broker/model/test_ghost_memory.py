@@ -10,8 +10,8 @@ import tracemalloc
 
 from bench.ghost_memory import churn
 from broker.config.settings import DEFAULT_POLICY
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.settings import OffloadSettings
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 CAPACITY = 500
 GHOSTS = 8.0

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from broker.bench import workload
 from broker.model import pbwire
-from broker.offload import events
 from broker.service import security, server
 from broker.service.broker_service import Answer
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
+from vllm_integration.decisions_to_vllm import intent_bytes as adapter_bytes
 
 U64 = st.integers(0, 2**64 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -321,8 +321,8 @@ def test_a_batch_written_with_pbwire_is_the_batch_protobuf_writes(
     assert pb.IntentBatch.FromString(raw) == batch_pb
 
 
-# The places that write wire bytes by hand with pbwire (broker/offload/events.py has its own
-# test, tests/broker/offload/test_events.py; the C answer writer tests/broker/model/test_answer.py).
+# The places that write wire bytes by hand with pbwire (vllm_integration/decisions_to_vllm/intent_bytes.py has its own
+# test, tests/vllm_integration/decisions_to_vllm/test_intent_bytes.py; the C answer writer tests/broker/model/test_answer.py).
 
 
 @settings(max_examples=100, deadline=None)
@@ -357,8 +357,8 @@ def test_the_bench_workloads_requests_parse_as_intended(client: str, seq: int, s
 @settings(max_examples=100, deadline=None)
 @given(TEXT, TEXT, U64, st.lists(st.integers(0, 2**63 - 1), max_size=5))
 def test_the_adapters_batches_parse_as_intended(client: str, tenant: str, seq: int, stamps: list[int]) -> None:
-    head = events.batch_head(client, tenant)
-    raw = events.batch(head, seq, [events.cleared(events.timestamp(ts)) for ts in stamps])
+    head = adapter_bytes.batch_head(client, tenant)
+    raw = adapter_bytes.batch(head, seq, [adapter_bytes.cleared(adapter_bytes.timestamp(ts)) for ts in stamps])
     expected = pb.IntentBatch(
         client_id=client, batch_seq=seq, tenant=tenant, events=[pb.Event(ts_us=ts, cleared=pb.AllBlocksCleared()) for ts in stamps]
     )

@@ -6,7 +6,7 @@
   TraceError naming this file, the line and a field, never anything else; with ``skip_bad``
   nothing is raised, the bad lines are counted, and the first one skipped is the error the
   strict import raised. What is imported is valid protobuf (its integers in range).
-- vLLM (``clients.vllm_events``): ``decode_batch`` raises only DecodeError on any bytes (random,
+- vLLM (``vllm_integration.events_from_vllm.zmq_events``): ``decode_batch`` raises only DecodeError on any bytes (random,
   msgpack of anything, mutated valid payloads); whatever decodes translates into broker events
   without an error; a capture file of fuzzed records imports with TraceError only.
 
@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from broker.replay.traces import SkipCounter, TraceError, TraceOptions, read_trace
-from clients.vllm_events import DecodeError, decode_batch, ts_to_us
-from clients.vllm_translator import EngineTranslator, MappingOptions
-from tests.clients.test_vllm_events import payload, removed, stored, write_capture
+from tests.vllm_integration.events_from_vllm.test_zmq_events import payload, removed, stored, write_capture
+from vllm_integration.events_from_vllm.to_intents import EngineTranslator, MappingOptions
+from vllm_integration.events_from_vllm.zmq_events import DecodeError, decode_batch, ts_to_us
 
 FUZZ = settings(
     max_examples=int(os.environ.get("KVBROKER_FUZZ_EXAMPLES", "100")),

@@ -10,17 +10,17 @@ from broker.journal.file import read_file_journal
 from broker.journal.records import MAGIC, JournalRecord, RecordKind, encode
 from broker.journal.trailer import Trailer, TrailerTally
 from broker.model.apply import client_key
-from broker.offload import events
-from broker.offload.embedded import EmbeddedCore
-from broker.offload.settings import OffloadSettings
 from broker.replay.tail import check_tail
 from kvbroker.v1 import intent_pb2 as pb
+from vllm_integration.decisions_to_vllm import intent_bytes
+from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
+from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 
 def run_engine(path: Path, batches: int) -> None:
     core = EmbeddedCore(OffloadSettings(journal=f"file://{path}", client_id="engine"), 1000)
     for n in range(batches):
-        core.apply([events.cleared(events.timestamp(n + 1))])
+        core.apply([intent_bytes.cleared(intent_bytes.timestamp(n + 1))])
     core.close()
 
 
