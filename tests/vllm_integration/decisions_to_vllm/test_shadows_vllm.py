@@ -96,7 +96,7 @@ def test_the_shadows_and_sizes_reach_the_metrics_and_the_status_file(tmp_path: A
     import json
     import urllib.request
 
-    from tests.broker.offload import manager_driver as d
+    from tests.vllm_integration.decisions_to_vllm import manager_driver as d
 
     status = tmp_path / "status.json"
     manager = d.kvbroker_manager(
