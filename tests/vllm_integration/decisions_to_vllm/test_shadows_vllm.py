@@ -119,3 +119,35 @@ def test_the_shadows_and_sizes_reach_the_metrics_and_the_status_file(tmp_path: A
         assert f"kvbroker_vllm_lookups_total{{{labels}}} {float(row['asked'])}" in text
     policy.close()
     assert json.loads(status.read_text())["rows"] == rows
+
+
+def test_a_shadow_that_fails_is_logged_and_counted_and_vllm_goes_on(whole: list[tuple[int, list[int]]], caplog: Any) -> None:
+    """A shadow decides nothing: its exception must not reach vLLM's scheduler, the decider
+    decides as without it, and the figures go on without the failed requests."""
+    import logging
+
+    from tests.vllm_integration.decisions_to_vllm import manager_driver as d
+
+    caplog.set_level(logging.ERROR, logger="vllm.kvbroker")
+    manager = d.kvbroker_manager("lru", 1953, shadows="arc")
+    policy = manager._policy
+    (shadow,) = policy.shadows.full
+    real = shadow.request
+    calls = [0]
+
+    def flaky(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] % 2:
+            raise RuntimeError("a broken shadow")
+        real(*args)
+
+    shadow.request = flaky  # type: ignore[method-assign]
+    requests = whole[:400]
+    hits, asked = d.mooncake_at_trace_time(manager, requests)
+    alone, _ = d.mooncake_at_trace_time(d.kvbroker_manager("lru", 1953), requests)
+    assert hits == alone  # the decider decided as it does alone
+    assert policy.shadow_errors == 200
+    assert len([r for r in caplog.records if "a shadow failed" in r.getMessage()]) == 3  # the first few only
+    rows = {(r["role"], r["policy"]): r for r in policy.snapshot()["rows"]}
+    assert rows[("decider", "lru")]["asked"] == asked
+    assert 0 < rows[("shadow", "arc")]["asked"] < asked
