@@ -30,10 +30,8 @@ from broker.config import CoreConfig
 from broker.replay.replay import ReplayResult
 from broker.replay.traces import SkipCounter, TraceError
 from broker.replay.traces.mooncake import read_requests
-from vllm_integration.decisions_to_vllm import intent_bytes
 from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
-from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager
-from vllm_integration.decisions_to_vllm.policy_calls import Translator
+from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager, TraceTimeTranslator
 from vllm_integration.decisions_to_vllm.settings import OffloadSettings
 
 ENGINES = ("vllm",)
@@ -65,19 +63,6 @@ class _Request:
 
     def get_offload_key_position(self, key: bytes) -> int | None:
         return self._positions.get(key)
-
-
-class _TraceTimeTranslator(Translator):
-    """The adapter with event time set by the caller (the trace's), not the wall clock."""
-
-    now_ms = 0
-
-    def timestamp(self) -> bytes:
-        ms = self.now_ms
-        if ms != self._ts_ms:
-            self._ts_ms = ms
-            self._ts = intent_bytes.timestamp(ms * 1000)
-        return self._ts
 
 
 @dataclasses.dataclass
@@ -112,7 +97,7 @@ def replay_requests(
     if history_ghosts is not None:
         settings = dataclasses.replace(settings, history_ghosts=history_ghosts)
     local = EmbeddedCore(settings, num_chunks, journal=False)
-    translator = _TraceTimeTranslator(local)
+    translator = TraceTimeTranslator(local)
     manager = EmulatedManager(translator, num_chunks)
     hits = asked = 0
     started = time.perf_counter()

@@ -120,7 +120,6 @@ class KvbrokerCachePolicy(CachePolicy):
         self.evict = translator.evict  # type: ignore[method-assign]
         # The decider's figure, the shadows and the what-if sizes (vllm_integration/decisions_to_vllm/shadows.py),
         # which snapshot() reports.
-        self.capacity = cache_capacity
         self.shadows = ShadowSet(self.settings, cache_capacity)
         self.shadow_errors = 0
         # A live switch rebuilds the shadows and sizes it changes (kept ones keep counting).
@@ -184,11 +183,9 @@ class KvbrokerCachePolicy(CachePolicy):
         req_context: ReqContext,
     ) -> None:
         translator = self.translator
-        order = translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+        order, positions = translator.on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
         try:
-            self.shadows.request(
-                order, reused_keys, req_context, req_context.get_state(RequestIntent), translator._ts_ms, translator.finished_positions
-            )
+            self.shadows.request(order, reused_keys, req_context, req_context.get_state(RequestIntent), translator._ts_ms, positions)
         except Exception:
             # A shadow decides nothing: its failure must not reach vLLM. It is counted and
             # logged (the first few), and the figures go on without that request.
@@ -223,7 +220,7 @@ class KvbrokerCachePolicy(CachePolicy):
             "pid": os.getpid(),
             "time": time.time(),
             "policy": self.settings.policy,
-            "capacity": self.capacity,
+            "capacity": self.cache_capacity,
             "rows": self.shadows.rows(),
         }
 

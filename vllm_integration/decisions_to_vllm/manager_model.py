@@ -16,7 +16,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from vllm_integration.decisions_to_vllm import intent_bytes
 from vllm_integration.decisions_to_vllm.policy_calls import Translator
+
+
+class TraceTimeTranslator(Translator):
+    """The adapter with event time set by its driver (``now_ms``: a trace's arrival, or the
+    decider's time for a shadow), not the wall clock: no report, no flush by age, no
+    settings reload."""
+
+    now_ms = 0
+
+    def timestamp(self) -> bytes:
+        ms = self.now_ms
+        if ms != self._ts_ms:
+            self._ts_ms = ms
+            self._ts = intent_bytes.timestamp(ms * 1000)
+        return self._ts
 
 
 class _Chunk:

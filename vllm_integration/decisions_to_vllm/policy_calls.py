@@ -173,8 +173,6 @@ class Translator:
         self.by_id: dict[str, Any] = {}
         # Keys vLLM holds non-evictable (ref_cnt != 0: a store in flight, a load reading it).
         self.held: set[Any] = set()
-        # The token positions of the last finished request's keys (None: some had none).
-        self.finished_positions: dict[Any, int] | None = None
         self.stats = TranslatorStats()
         self._buffer: list[bytes] = []
         # Sidecar mode sets it lower: the broker should have the calls before it is asked.
@@ -423,16 +421,17 @@ class Translator:
         insertion_only_keys: set[Any],
         reused_keys: set[Any],
         req_context: Any,
-    ) -> list[Any]:
+    ) -> tuple[list[Any], dict[Any, int] | None]:
         """The request is done with its chunks: every resident one, tail first (vLLM's LRU
         makes the head the most recent). The chunks it loaded (``reused_keys``) go as reads,
         the rest (stored, or kept from before) as refreshes: used, not read, so a policy
         that counts reuse (arc) does not count them, and recency is vLLM LRU's exactly
         (each run of one kind is one event, in order). Then the request's scope ends.
-        Returns the request's keys head to tail (the shadows replay them)."""
+        Returns the request's keys head to tail and their token positions (None when some
+        key has none): the shadows replay them."""
         entries = self.entries
         runs: list[tuple[bool, list[bytes]]] = []
-        order, self.finished_positions = prefix_order(key_groups, req_context)
+        order, positions = prefix_order(key_groups, req_context)
         for key in reversed(order):
             entry = entries.get(key)
             if entry is None:
@@ -444,16 +443,16 @@ class Translator:
                 runs.append((read, [entry[2]]))
         intent = self.request_intent(req_context)
         if not runs and not intent.scope_field:
-            return order
+            return order, positions
         ts = self.timestamp()
         self._hint_updates(ts, intent, [field for _, fields in runs for field in fields])
         if not runs:
             self.record(intent_bytes.ending_accessed(ts, (), intent.scope_field))
-            return order
+            return order, positions
         last = len(runs) - 1
         for i, (read, fields) in enumerate(runs):
             self.record(intent_bytes.ending_accessed(ts, fields, intent.scope_field if i == last else b"", refresh_only=not read))
-        return order
+        return order, positions
 
     def on_request_access(self, keys: Iterable[Any], req_context: Any) -> None:
         """The request's chunks are used while it runs: a scoped access (the request id as

@@ -32,17 +32,14 @@ in docs/vllm.md ("What-if sizes").
 from __future__ import annotations
 
 import dataclasses
-import logging
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
-from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager
-from vllm_integration.decisions_to_vllm.policy_calls import RequestIntent, Translator
+from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager, TraceTimeTranslator
+from vllm_integration.decisions_to_vllm.policy_calls import RequestIntent
 from vllm_integration.decisions_to_vllm.settings import OffloadSettings
-
-log = logging.getLogger("vllm.kvbroker")
 
 # The hash space of the spatial sample (SHARDS' P): a 32-bit hash, so a rate's grain is
 # far below any rate worth running.
@@ -74,10 +71,8 @@ class _Positions:
     def __init__(self, real: Any, positions: dict[Any, int] | None) -> None:
         self.req_id = getattr(real, "req_id", "")
         self.kv_hints = None
-        lookup: Callable[[Any], int | None] = positions.get if positions is not None else _no_position
-        if positions is None:
-            lookup = getattr(real, "get_offload_key_position", None) or _no_position
-        self.get_offload_key_position = lookup
+        lookup: Callable[[Any], int | None] | None = positions.get if positions is not None else None
+        self.get_offload_key_position = lookup or getattr(real, "get_offload_key_position", None) or _no_position
 
     def get_state(self, cls: type) -> Any:
         return None
@@ -90,25 +85,11 @@ def _no_position(key: Any) -> None:
     return None
 
 
-class _ShadowTranslator(Translator):
-    """The adapter of a shadow: event time is the decider's (set per request), no report,
-    and a request's intent is the decider's, handed over per request."""
+class _ShadowTranslator(TraceTimeTranslator):
+    """The adapter of a shadow: event time is the decider's (set per request), and a
+    request's intent is the decider's, handed over per request (no second parse)."""
 
-    now_ms = 0
     intent: RequestIntent | None = None
-
-    def timestamp(self) -> bytes:
-        ms = self.now_ms
-        if ms != self._ts_ms:
-            self._ts_ms = ms
-            self._ts = self._encode_ts(ms)
-        return self._ts
-
-    @staticmethod
-    def _encode_ts(ms: int) -> bytes:
-        from vllm_integration.decisions_to_vllm import intent_bytes
-
-        return intent_bytes.timestamp(ms * 1000)
 
     def request_intent(self, req_context: Any) -> RequestIntent:
         intent = self.intent
@@ -205,9 +186,10 @@ class Shadow:
 
     def __init__(self, settings: OffloadSettings, figure: Figure, policy_params: dict[str, Any]) -> None:
         self.figure = figure
+        self.params = dict(policy_params)
         chunks = figure.capacity if figure.sample_rate >= 1.0 else max(1, round(figure.capacity * figure.sample_rate))
         self.chunks = chunks
-        own = dataclasses.replace(settings, policy=figure.policy, policy_params=dict(policy_params), journal="none")
+        own = dataclasses.replace(settings, policy=figure.policy, policy_params=self.params, journal="none")
         self.local = EmbeddedCore(own, chunks, journal=False)
         self.translator = _ShadowTranslator(self.local, tenant=settings.tenant)
         self.manager = _LeanManager(self.translator, chunks)
@@ -242,7 +224,7 @@ class ShadowSet:
     def configure(self, settings: OffloadSettings) -> None:
         """(Re)build the shadows and what-if sizes of ``settings``; a shadow or size that is
         kept (same policy, parameters, capacity and rate) keeps its state and counts."""
-        old = {self._identity(s): s for s in [*self.full, *self.sampled]}
+        old = {_identity(s.figure, s.params): s for s in [*self.full, *self.sampled]}
         if self.decider.policy != settings.policy:
             self.decider = Figure("decider", settings.policy, self.capacity)
         full: list[Shadow] = []
@@ -253,8 +235,6 @@ class ShadowSet:
         sized: list[Shadow] = []
         for multiple in settings.whatif:
             capacity = max(1, round(self.capacity * multiple))
-            # A sample too small to hold a useful cache runs whole (exact, and cheap: the
-            # tier it stands for is small).
             # A size whose sample would hold fewer than MIN_SAMPLED_CHUNKS is sampled at the
             # rate that gives it that many (whole, when that is every key): a miniature cache
             # of a few dozen chunks misestimates, and a small size is cheap to sample more.
@@ -268,13 +248,8 @@ class ShadowSet:
         # in every higher one's), and one hash per key serves them all.
         self.thresholds = [round(s.figure.sample_rate * SAMPLE_SPACE) for s in self.sampled]
 
-    def _identity(self, shadow: Shadow) -> tuple[Any, ...]:
-        f = shadow.figure
-        return (f.role, f.policy, f.capacity, f.sample_rate, repr(sorted(shadow.local.config.policy.params.items())))
-
     def _reuse(self, old: dict[tuple[Any, ...], Shadow], figure: Figure, params: dict[str, Any], settings: OffloadSettings) -> Shadow:
-        identity = (figure.role, figure.policy, figure.capacity, figure.sample_rate, repr(sorted(params.items())))
-        kept = old.get(identity)
+        kept = old.get(_identity(figure, params))
         return kept if kept is not None else Shadow(settings, figure, params)
 
     @property
@@ -301,7 +276,7 @@ class ShadowSet:
         decider = self.decider
         decider.hits += hits
         decider.asked += len(keys)
-        if not keys or not (self.full or self.sampled):
+        if not keys or not self.active:
             return
         req = _Positions(req_context, positions)
         for shadow in self.full:
@@ -324,6 +299,11 @@ class ShadowSet:
 
     def rows(self) -> list[dict[str, Any]]:
         return [f.row() for f in self.figures()]
+
+
+def _identity(figure: Figure, params: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes a shadow the same one across a reconfiguration (it keeps its state)."""
+    return (figure.role, figure.policy, figure.capacity, figure.sample_rate, repr(sorted(params.items())))
 
 
 def describe_shadows(shadows: ShadowSet) -> str:

@@ -85,10 +85,10 @@ def run_decider(policy: str, capacity: int, stream: list[list[bytes]], shadows: 
     finished = translator.on_request_finished
 
     def finish(groups, inserted, reused, req):  # type: ignore[no-untyped-def]
-        order = finished(groups, inserted, reused, req)
+        order, positions = finished(groups, inserted, reused, req)
         if shadows is not None:
-            shadows.request(order, reused, req, req.get_state(RequestIntent), translator._ts_ms, translator.finished_positions)
-        return order
+            shadows.request(order, reused, req, req.get_state(RequestIntent), translator._ts_ms, positions)
+        return order, positions
 
     translator.on_request_finished = finish  # type: ignore[method-assign]
     manager = EmulatedManager(translator, capacity)
