@@ -514,7 +514,10 @@ def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tupl
         source = item.source
         if source.journal is None:
             continue
-        tail = check_tail(JournalSource(source.journal, source.stream))
+        try:
+            tail = check_tail(JournalSource(source.journal, source.stream))
+        except JournalError as exc:  # a trailer that is none: one line naming the record
+            raise BadInput("--journal", str(exc)) from None
         for record in records:
             if record["source"] == source.label:
                 record["tail"] = tail.state
