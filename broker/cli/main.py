@@ -207,11 +207,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("events:     " + ", ".join(f"{k} {v}" for k, v in record["events"].items()))
     print("directives: " + ", ".join(f"{k} {v}" for k, v in record["directives"].items()))
     print(f"batches {record['batches']} (duplicates {record['duplicate_batches']}), rejected events {record['rejected_events']}")
-    print(
-        f"journal {record['journal']}: written {record['journal_written']}, "
-        f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
-        f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
-    )
+    if record["journal"] == "none":
+        # "written N" would claim records kept: journal none keeps nothing.
+        print("journal none: nothing is journaled (a restart starts empty; replay has nothing to read)")
+    else:
+        print(
+            f"journal {record['journal']}: written {record['journal_written']}, "
+            f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
+            f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
+        )
     print(f"unacknowledged directives {record['outstanding_directives']} (at most {record['max_outstanding_directives']} kept)")
     refused = ", ".join(f"{k} {v}" for k, v in record["refused_batches"].items()) or "none"
     print(f"refused batches: {refused}; refused streams: {sum(record['refused_streams'].values())}, revoked {record['revoked_streams']}")
@@ -652,7 +656,7 @@ def _trace_base_config(trace: str, fmt: str) -> Any:
 def cmd_repair(args: argparse.Namespace) -> int:
     """Keep every intact record of a damaged file journal; say what was cut."""
     from broker.journal import JournalError, file_path, is_file_url
-    from broker.journal.file import repair_file_journal, take_lock
+    from broker.journal.file import release_lock, repair_file_journal, take_lock
 
     if not is_file_url(args.journal):
         raise BadInput("journal", f"repair mends file journals: file://PATH or a path, got {args.journal!r}")
@@ -674,7 +678,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print(f"kvbroker repair: journal {exc}", file=sys.stderr)
         return 2
     finally:
-        os.close(lock)
+        release_lock(path, lock)  # removes PATH.lock: a repair leaves none behind
     out = {
         "journal": path,
         "damaged": bool(report.cuts),

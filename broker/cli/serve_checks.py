@@ -12,7 +12,7 @@ from broker.config import BrokerConfig, ConfigError
 from broker.config.settings import check_listen
 from broker.journal import JournalError, file_path, is_file_url, split_redis_url, unknown_scheme
 from broker.journal.cluster import check_one_slot
-from broker.journal.file import lock_path, take_lock
+from broker.journal.file import lock_path, release_lock, take_lock
 from broker.journal.records import MAGIC
 from broker.journal.redis_stream import stream_exists
 from broker.journal.redis_urls import cluster_nodes, is_cluster_url, is_redis_url
@@ -82,6 +82,6 @@ def check_journal(config: BrokerConfig, field: str) -> None:
         raise BadInput(field, f"{path} is not a kvbroker journal (it does not start with the journal header); give a new path")
     if os.path.exists(lock_path(path)):
         try:
-            os.close(take_lock(path))  # free: let go at once, the broker takes it as it starts
+            release_lock(path, take_lock(path))  # free (a crashed holder's): let go at once, the broker takes it as it starts
         except JournalError as exc:  # another broker writes this journal
             raise BadInput(field, str(exc)) from None
