@@ -475,13 +475,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.verify and not any(r["verified"] is not None for r in records):
-        print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
-        return 1
+    if args.verify:
+        unverified = _unverified(planned, records, policies)
+        for line in unverified:
+            print(f"kvbroker replay: --verify: {line}", file=sys.stderr)
+        if unverified:
+            return 1
     for label, tail in tails:
         if tail.message:
             print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
     return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+
+
+def _unverified(planned: list[Any], records: list[dict[str, Any]], policies: list[str]) -> list[str]:
+    """--verify: the journals no row verified, each with why (one source or a fleet's
+    each: a fleet row verifies only the pods whose live policy it replayed)."""
+    out = []
+    for item in planned:
+        label = item.source.label
+        if item.source.journal is None or any(r["verified"] is not None for r in records if r["source"] == label):
+            continue
+        live = item.live_policy
+        if live is None:
+            why = "it holds no config record naming its live policy"
+        elif live.startswith("split(") or live in policies:
+            why = f"its live policy {live} was replayed, but the journal kept no directives (journal.directives = false)"
+        else:
+            why = f"its live policy {live} was not replayed (add --policy {live})"
+        out.append(f"{label}: not verified: {why}")
+    return out
 
 
 def _warn_torn(url: str) -> None:
