@@ -207,11 +207,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("events:     " + ", ".join(f"{k} {v}" for k, v in record["events"].items()))
     print("directives: " + ", ".join(f"{k} {v}" for k, v in record["directives"].items()))
     print(f"batches {record['batches']} (duplicates {record['duplicate_batches']}), rejected events {record['rejected_events']}")
-    print(
-        f"journal {record['journal']}: written {record['journal_written']}, "
-        f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
-        f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
-    )
+    if record["journal"] == "none":
+        # "written N" would claim records kept: journal none keeps nothing.
+        print("journal none: nothing is journaled (a restart starts empty; replay has nothing to read)")
+    else:
+        print(
+            f"journal {record['journal']}: written {record['journal_written']}, "
+            f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
+            f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
+        )
     print(f"unacknowledged directives {record['outstanding_directives']} (at most {record['max_outstanding_directives']} kept)")
     refused = ", ".join(f"{k} {v}" for k, v in record["refused_batches"].items()) or "none"
     print(f"refused batches: {refused}; refused streams: {sum(record['refused_streams'].values())}, revoked {record['revoked_streams']}")
@@ -471,13 +475,35 @@ def cmd_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.verify and not any(r["verified"] is not None for r in records):
-        print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
-        return 1
+    if args.verify:
+        unverified = _unverified(planned, records, policies)
+        for line in unverified:
+            print(f"kvbroker replay: --verify: {line}", file=sys.stderr)
+        if unverified:
+            return 1
     for label, tail in tails:
         if tail.message:
             print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
     return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+
+
+def _unverified(planned: list[Any], records: list[dict[str, Any]], policies: list[str]) -> list[str]:
+    """--verify: the journals no row verified, each with why (one source or a fleet's
+    each: a fleet row verifies only the pods whose live policy it replayed)."""
+    out = []
+    for item in planned:
+        label = item.source.label
+        if item.source.journal is None or any(r["verified"] is not None for r in records if r["source"] == label):
+            continue
+        live = item.live_policy
+        if live is None:
+            why = "it holds no config record naming its live policy"
+        elif live.startswith("split(") or live in policies:
+            why = f"its live policy {live} was replayed, but the journal kept no directives (journal.directives = false)"
+        else:
+            why = f"its live policy {live} was not replayed (add --policy {live})"
+        out.append(f"{label}: not verified: {why}")
+    return out
 
 
 def _warn_torn(url: str) -> None:
@@ -514,7 +540,10 @@ def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tupl
         source = item.source
         if source.journal is None:
             continue
-        tail = check_tail(JournalSource(source.journal, source.stream))
+        try:
+            tail = check_tail(JournalSource(source.journal, source.stream))
+        except JournalError as exc:  # a trailer that is none: one line naming the record
+            raise BadInput("--journal", str(exc)) from None
         for record in records:
             if record["source"] == source.label:
                 record["tail"] = tail.state
@@ -649,7 +678,7 @@ def _trace_base_config(trace: str, fmt: str) -> Any:
 def cmd_repair(args: argparse.Namespace) -> int:
     """Keep every intact record of a damaged file journal; say what was cut."""
     from broker.journal import JournalError, file_path, is_file_url
-    from broker.journal.file import repair_file_journal, take_lock
+    from broker.journal.file import release_lock, repair_file_journal, take_lock
 
     if not is_file_url(args.journal):
         raise BadInput("journal", f"repair mends file journals: file://PATH or a path, got {args.journal!r}")
@@ -671,7 +700,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print(f"kvbroker repair: journal {exc}", file=sys.stderr)
         return 2
     finally:
-        os.close(lock)
+        release_lock(path, lock)  # removes PATH.lock: a repair leaves none behind
     out = {
         "journal": path,
         "damaged": bool(report.cuts),

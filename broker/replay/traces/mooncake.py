@@ -60,6 +60,14 @@ class MooncakeRequest:
     hash_ids: list[str]
 
 
+MAX_HASH_ID = 2**64 - 1
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 512 else f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_requests(path: str, skips: SkipCounter) -> list[MooncakeRequest]:
     requests: list[MooncakeRequest] = []
     for line, obj in read_jsonl(path, skips):
@@ -71,8 +79,9 @@ def read_requests(path: str, skips: SkipCounter) -> list[MooncakeRequest]:
             if not isinstance(hashes, list):
                 raise TraceError(path, line, "hash_ids", f"expected a list of integers, got {hashes!r}")
             for i, h in enumerate(hashes):
-                if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-                    raise TraceError(path, line, f"hash_ids[{i}]", f"expected an integer >= 0, got {h!r}")
+                # A hash id is a uint64 (vLLM's engine replay packs it in 8 bytes).
+                if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= MAX_HASH_ID:
+                    raise TraceError(path, line, f"hash_ids[{i}]", f"expected an integer in 0..2^64-1, got {_short(h)}")
         except TraceError as exc:
             skips.bad(exc)
             continue
