@@ -173,3 +173,18 @@ def test_progress_lines_name_sizes_as_the_table_does(tmp_path: Path) -> None:
         assert any(size in line for line in progress), progress
         assert size in done.stdout, done.stdout
     assert "GiB" not in "".join(progress) and "MiB" not in "".join(progress), progress
+
+
+def test_a_single_jobs_progress_off_a_terminal_is_whole_lines() -> None:
+    """`--progress 2>log` with one job: each update a line of its own, as the sweep's lines
+    are; before, updates were joined by \\r into one line thousands of columns wide."""
+    out = io.StringIO()  # not a terminal
+    bar = ProgressBar("lru", 200, stream=out)
+    for batches in (50, 100, 150):
+        bar.next_draw = 0.0  # the update is due
+        bar.show(batches, batches * 10)
+    bar.done(200, 2_000)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert len(lines) == 4 and all(line.startswith("lru: [") for line in lines), lines
+    assert lines[-1].endswith(" done")
