@@ -201,7 +201,10 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
         records = []
         for i, job in enumerate(jobs, start=1):
             started = time.perf_counter()
-            records.append(run_job(job, progress=progress))
+            try:
+                records.append(run_job(job, progress=progress))
+            except KeyboardInterrupt:
+                raise SweepInterrupted(records, len(jobs)) from None
             log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
         return records
     context = multiprocessing.get_context("spawn")
@@ -225,8 +228,12 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
                     log(f"[{done}/{len(jobs)}] {job_label(jobs[i])} done in {record['seconds']:.1f}s")
             if overall is not None:
                 overall.update(counter.value)
+    except KeyboardInterrupt:
+        # ^C: the jobs that ended are kept (a 17-minute job's row was thrown away before).
+        _stop_workers(pool)
+        raise SweepInterrupted([r for r in out if r is not None], len(jobs)) from None
     except BaseException:
-        # One job failed (or ^C): the error is the answer; no worker may outlive this call
+        # One job failed: the error is the answer; no worker may outlive this call
         # (one still starting when the parent returned failed to open the shared counter's
         # semaphore, unlinked with it, and printed a traceback under the one-line error).
         _stop_workers(pool)
@@ -236,6 +243,15 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
             overall.close()
         pool.shutdown(wait=True)
     return [r for r in out if r is not None]
+
+
+class SweepInterrupted(Exception):
+    """^C during a sweep: ``records``, the jobs that had ended (in job order), of ``jobs``."""
+
+    def __init__(self, records: list[dict[str, Any]], jobs: int) -> None:
+        super().__init__(f"interrupted: {len(records)} of {jobs} jobs had ended")
+        self.records = records
+        self.jobs = jobs
 
 
 # How long a failed sweep waits for its stopped workers (and the executor's thread) to end.
