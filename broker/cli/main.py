@@ -419,6 +419,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ConfigError as exc:  # a tier size for a tier the config does not have
             print(f"kvbroker replay: {exc}", file=sys.stderr)
             return 2
+        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+        if args.trace:
+            _warn_long_run(args, options, len(jobs), workers)
         if args.ray is not None:
             from broker.replay.ray_runner import RayMissing, SweepFailed, run_jobs_on_ray
 
@@ -434,7 +437,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print("kvbroker replay: interrupted; the Ray tasks not yet done were cancelled", file=sys.stderr)
                 return 130
         else:
-            workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
             try:
                 records = run_jobs(jobs, workers, progress=True if args.progress else None)
             except SweepInterrupted as stopped:
@@ -470,6 +472,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if tail.message:
             print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
     return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+
+
+def _warn_long_run(args: argparse.Namespace, options: Any, jobs: int, workers: int) -> None:
+    """Before a long decode-mode replay of a Mooncake trace: how long, and the quick modes."""
+    from broker.replay.progress import long_run_note
+    from broker.replay.traces import count_events
+
+    if args.engine or not options.decode or args.format != "mooncake":
+        return
+    events = count_events(args.trace, args.format, options)
+    prompt = count_events(args.trace, args.format, dataclasses.replace(options, decode=False))
+    note = long_run_note(events or 0, prompt or 0, jobs, workers) if events else None
+    if note:
+        print(f"kvbroker replay: {note}", file=sys.stderr, flush=True)
 
 
 def _write_records(args: argparse.Namespace, records: list[dict[str, Any]], sources: int) -> None:

@@ -315,8 +315,8 @@ class ProgressBar:
         elapsed = max(now - self.started, 1e-9)
         rate = events / elapsed
         head = f"{self.label}: "
-        if self.total is not None:
-            frac = min(events / self.total_events if self.total_events else batches / self.total, 1.0)
+        if self.total is not None or self.total_events is not None:
+            frac = min(events / self.total_events if self.total_events else batches / (self.total or 1), 1.0)
             filled = int(frac * self.WIDTH)
             eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
             head += f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:4.0%} "
@@ -340,8 +340,8 @@ class ProgressBar:
         if self.total is not None:
             self.total = max(self.total, batches)  # the bar ends full even if the count was an estimate
             batches = self.total
-            if self.total_events:
-                self.total_events = events
+        if self.total_events:
+            self.total_events = events
         print(("\r" if self.tty else "") + self.line(batches, events, time.perf_counter()) + " done", file=self.stream, flush=True)
 
 
