@@ -344,8 +344,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from broker.replay.fleet import with_fleet_totals
     from broker.replay.grid import parse_params
     from broker.replay.plan import PlannedSource, SweepSpec, plan_jobs
-    from broker.replay.replay import format_table, journal_config
-    from broker.replay.sweep import Source, run_jobs, single_tier
+    from broker.replay.replay import journal_config
+    from broker.replay.sweep import Source, SweepInterrupted, run_jobs, single_tier
     from broker.replay.traces import TraceError
     from policies import registry
     from policies.base import PolicyError
@@ -423,6 +423,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ConfigError as exc:  # a tier size for a tier the config does not have
             print(f"kvbroker replay: {exc}", file=sys.stderr)
             return 2
+        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+        if args.trace:
+            _warn_long_run(args, options, len(jobs), workers)
         if args.ray is not None:
             from broker.replay.ray_runner import RayMissing, SweepFailed, run_jobs_on_ray
 
@@ -438,8 +441,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print("kvbroker replay: interrupted; the Ray tasks not yet done were cancelled", file=sys.stderr)
                 return 130
         else:
-            workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
-            records = run_jobs(jobs, workers, progress=True if args.progress else None)
+            try:
+                records = run_jobs(jobs, workers, progress=True if args.progress else None)
+            except SweepInterrupted as stopped:
+                return _interrupted(args, stopped)
     except JournalError as exc:
         print(f"kvbroker replay: --journal: {exc}", file=sys.stderr)
         return 2
@@ -452,18 +457,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
     tails = _check_tails(planned, records) if args.verify else []
-    if args.csv:
-        _write_csv(records, args.csv)
-    if args.plot:
-        from broker.replay.plots import write_plots
-
-        title = os.path.basename(args.trace or args.journal[0]) if len(planned) == 1 else f"fleet of {len(planned)}"
-        for path in write_plots(records, args.plot, title=title):
-            print(f"wrote {path}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(records, indent=2))
-    elif args.csv != "-":
-        print(format_table(records))
+    _write_records(args, records, len(planned))
     skipped = max((r["skipped_lines"] for r in records), default=0)
     if skipped:
         print(f"kvbroker replay: skipped {skipped} bad line(s) (--skip-bad)", file=sys.stderr)
@@ -504,6 +498,47 @@ def _unverified(planned: list[Any], records: list[dict[str, Any]], policies: lis
             why = f"its live policy {live} was not replayed (add --policy {live})"
         out.append(f"{label}: not verified: {why}")
     return out
+
+
+def _warn_long_run(args: argparse.Namespace, options: Any, jobs: int, workers: int) -> None:
+    """Before a long decode-mode replay of a Mooncake trace: how long, and the quick modes."""
+    from broker.replay.progress import long_run_note
+    from broker.replay.traces import count_events
+
+    if args.engine or not options.decode or args.format != "mooncake":
+        return
+    events = count_events(args.trace, args.format, options)
+    prompt = count_events(args.trace, args.format, dataclasses.replace(options, decode=False))
+    note = long_run_note(events or 0, prompt or 0, jobs, workers) if events else None
+    if note:
+        print(f"kvbroker replay: {note}", file=sys.stderr, flush=True)
+
+
+def _write_records(args: argparse.Namespace, records: list[dict[str, Any]], sources: int) -> None:
+    """The records as asked: --csv, --plot, then --json or the table on stdout."""
+    from broker.replay.replay import format_table
+
+    if args.csv:
+        _write_csv(records, args.csv)
+    if args.plot and records:
+        from broker.replay.plots import write_plots
+
+        title = os.path.basename(args.trace or args.journal[0]) if sources == 1 else f"fleet of {sources}"
+        for path in write_plots(records, args.plot, title=title):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif args.csv != "-":
+        print(format_table(records))
+
+
+def _interrupted(args: argparse.Namespace, stopped: Any) -> int:
+    """^C during a sweep: one line, the rows of the jobs that had ended printed and
+    written as a whole run's are (a fleet's total row left out: it would add up only some
+    of its journals), exit 130 as a shell reports SIGINT."""
+    print(f"kvbroker replay: {stopped}; their rows follow", file=sys.stderr)
+    _write_records(args, stopped.records, 1)
+    return EXIT_INTERRUPTED
 
 
 def _warn_torn(url: str) -> None:
@@ -820,7 +855,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except PolicyError as exc:
                 print(f"kvbroker bench: --memory-policies: {exc}", file=sys.stderr)
                 return 2
-    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or (), memory_policies=memory_policies)
+    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or (), memory_policies=memory_policies, quick=args.quick)
 
 
 def _trace_options(args: argparse.Namespace) -> Any:
@@ -1041,6 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
 # What a shell reports for a Unix tool that a closed pipe ended (128 + SIGPIPE): `seq 1 1000000
 # | head -1` leaves 141 in PIPESTATUS, and so does `kvbroker policies | head -1`.
 EXIT_BROKEN_PIPE = 141
+# What a shell reports for a tool ended by ^C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1075,6 +1112,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except BadInput as exc:
         return say(args.verb, exc)
+    except KeyboardInterrupt:  # ^C anywhere else: one line, not a traceback
+        print(f"kvbroker {args.verb}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

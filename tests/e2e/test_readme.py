@@ -151,3 +151,22 @@ def test_with_the_broker_down_flush_raises_timeout_error_and_nothing_else(tmp_pa
     assert done.stderr.strip().splitlines()[-1].startswith("TimeoutError: broker client engine-0: no answer within 5.000s"), done.stderr
     assert "never retrieved" not in done.stderr, done.stderr
     assert "flush` raises TimeoutError" in README.read_text()
+
+
+def _where_it_ran(text: str) -> str:
+    """The output with what differs from run to run (the broker's port, the journal's
+    temporary folder) replaced by placeholders."""
+    text = re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+    return re.sub(r"/tmp/kvbroker-demo-[^/]+/", "/tmp/kvbroker-demo-DIR/", text)
+
+
+def test_the_readme_shows_what_kvbroker_demo_prints() -> None:
+    """The demo's output block is what `kvbroker demo` prints, line for line (it showed 24
+    policies, 9 rows and no `live:` line where the demo printed 25 rows and one)."""
+    text = README.read_text()
+    shown = re.search(r"What `kvbroker demo` prints[^\n]*\n\n```\n(.*?)```", text, re.S)
+    assert shown is not None, "the README lost its demo output block"
+    kvbroker = pathlib.Path(sys.executable).parent / "kvbroker"
+    done = subprocess.run([str(kvbroker), "demo"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _where_it_ran(shown.group(1)) == _where_it_ran(done.stdout)

@@ -217,6 +217,20 @@ def _finish(out: _Batches, req: MooncakeRequest, now: int, refs: dict[str, int],
         out.event(now).freed.block_ids.extend(private)
 
 
+def event_count(requests: list[MooncakeRequest], opts: MooncakeOptions) -> int:
+    """The events ``read_mooncake`` makes of these requests, without making them: a
+    replay's share done and time left from its start (the file is read whole before the
+    first batch, so how far into the file says nothing)."""
+    total = 0
+    for req in requests:
+        prompt = len(req.hash_ids)
+        total += prompt + (1 if prompt else 0)  # the allocations, then one release
+        if opts.decode and req.output_length > 0:
+            # A step's access each, a private block every block_tokens steps, one free at the end.
+            total += req.output_length + -(-req.output_length // opts.block_tokens) + 1
+    return total
+
+
 def read_mooncake(path: str, opts: MooncakeOptions | None = None, skips: SkipCounter | None = None) -> Iterator[pb.IntentBatch]:
     """IntentBatches of a Mooncake trace (all requests are read first, to order them)."""
     opts = opts or MooncakeOptions()
