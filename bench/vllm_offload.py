@@ -3,7 +3,7 @@ arc and of kvbroker's policies through the adapter (vllm_integration/decisions_t
 beside what ``kvbroker replay --engine vllm`` predicts for it, at three CPU tier sizes; and
 the cost per policy call of the adapter (kvbroker's lru and the default) against vLLM's LRU.
 
-Needs vLLM (``pip install 'kvbroker[vllm]'``)::
+Needs vLLM, in a venv of its own (in the clone: ``python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -e '.[vllm]'``)::
 
     python bench/vllm_offload.py                      # the whole trace, 1M / 3M / 10M tokens
     python bench/vllm_offload.py --requests 1000 --sizes 0.02,0.05 --policies lru,arc

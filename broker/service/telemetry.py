@@ -40,7 +40,7 @@ Traces (``telemetry.traces``, exported over OTLP): one span ``kvbroker.batch`` p
 ``kvbroker.rejections``, ``kvbroker.duplicate``, ``kvbroker.policy`` and
 ``kvbroker.config_generation``, sampled at ``telemetry.traces_sample_ratio``.
 
-OTLP exporters are an optional dependency (``pip install 'kvbroker[otlp]'``); without them
+OTLP exporters are an optional dependency (the ``otlp`` extra: ``.venv/bin/pip install -e '.[otlp]'``); without them
 a config that sets ``telemetry.otlp_endpoint`` is refused at start with that instruction.
 OTLP headers (credentials) are taken from the standard environment variables
 (``OTEL_EXPORTER_OTLP_HEADERS``), never from the config file, so they are never logged.
@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config.errors import ConfigError
 from broker.config.telemetry import TelemetryConfig, validate_telemetry
+from broker.extras import pip_install
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -324,7 +325,7 @@ def _otlp_exporters(config: TelemetryConfig) -> tuple[Any, Any]:
     except ImportError as exc:
         raise ConfigError(
             f"telemetry.otlp_endpoint: OTLP export ({config.otlp_protocol}) needs the package {package}; "
-            f"install it (pip install 'kvbroker[otlp]' or pip install {package}) or remove telemetry.otlp_endpoint ({exc})"
+            f"install it ({pip_install(package)}) or remove telemetry.otlp_endpoint ({exc})"
         ) from exc
     return metric_module.OTLPMetricExporter, span_module.OTLPSpanExporter
 
