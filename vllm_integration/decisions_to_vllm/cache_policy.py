@@ -224,6 +224,7 @@ class KvbrokerCachePolicy(CachePolicy):
             "policy": self.settings.policy,
             "capacity": self.cache_capacity,
             "rows": self.shadows.rows(),
+            "counters": self.translator.counters(),
         }
 
     def flush(self) -> None:

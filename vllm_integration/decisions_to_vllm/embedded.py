@@ -123,6 +123,13 @@ class JournalThread:
             raise self._error
         close_at_exit(self.close)
 
+    @property
+    def pending(self) -> int:
+        """Records appended and not yet written (the journal's lag; read from any thread)."""
+        journal = self._journal
+        queued = sum(1 for item in list(self._queue) if not isinstance(item, threading.Event))
+        return queued + (int(journal.pending) if journal is not None else 0)
+
     def append(self, record: JournalRecord | Directives) -> None:
         """Queue a record, or a batch's directives as (client id, batch seq, outcome, generation)."""
         self._queue.append(record)
