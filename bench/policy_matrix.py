@@ -86,7 +86,9 @@ LIBCACHESIM = (
     "LRU,FIFO,ARC,S3FIFO,Sieve,Clock,LFU,LFUDA,TwoQ,SLRU,LRUK,MQ,LIRS,ClockPro,Clock2QPlus,"
     "WTinyLFU,LeCaR,Cacheus,LHD,Hyperbolic,GDSF,Random,Size,LRUProb,FlashProb,GLCache"
 )
-VLLM_BUILTINS = ("lru", "arc")
+# vLLM's own policies at each of its admission settings (``@N``: store_threshold N, a chunk
+# stored on its Nth offer): the baseline is vLLM's best setting, not its default.
+VLLM_BUILTINS = tuple(f"{p}@{t}" if t > 1 else p for p in ("lru", "arc") for t in (1, 2, 3, 4))
 CHUNK_TOKENS = 512
 
 
@@ -187,6 +189,14 @@ def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
     tests), where vLLM's lru is kvbroker's lru (identical, store for store) and vLLM's arc
     is left out."""
     timed = timed_requests_of(task.path)
+    if f"offline:{UPPER_BOUND}" in task.policies:
+        from broker.replay.belady_prefix import belady_prefix_hits
+
+        started = time.perf_counter()
+        requests = [ids for _, ids in timed]
+        hits = belady_prefix_hits(requests, task.chunks)
+        yield "offline", UPPER_BOUND, hits, sum(map(len, requests)), time.perf_counter() - started
+    task = dataclasses.replace(task, policies=tuple(p for p in task.policies if p != f"offline:{UPPER_BOUND}"))
     if vllm_available():
         from tests.vllm_integration.decisions_to_vllm.manager_driver import kvbroker_manager, mooncake, mooncake_at_trace_time, vllm_manager
 
@@ -194,7 +204,9 @@ def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
             source, _, policy = name.partition(":")
             started = time.perf_counter()
             if source == "vllm":
-                hits, asked = mooncake(vllm_manager(policy, task.chunks), [ids for _, ids in timed])
+                base, _, threshold = policy.partition("@")
+                manager = vllm_manager(base, task.chunks, store_threshold=int(threshold or 0))
+                hits, asked = mooncake(manager, [ids for _, ids in timed])
             else:
                 hits, asked = mooncake_at_trace_time(kvbroker_manager(policy, task.chunks), timed)
             yield source, policy, hits, asked, time.perf_counter() - started
@@ -204,7 +216,7 @@ def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
     for name in task.policies:
         source, _, policy = name.partition(":")
         if source == "vllm" and policy != "lru":
-            continue
+            continue  # the emulated manager runs kvbroker's lru, which is vLLM's lru at no threshold
         started = time.perf_counter()
         result = replay_requests(timed, task.chunks, policy)
         yield source, policy, result.hits, result.asked, time.perf_counter() - started
@@ -229,7 +241,8 @@ def plan(
         for fraction in fractions:
             here = (trace, path, fraction, max(1, int(fraction * distinct)))
             if "vllm" in engines:
-                tasks.append(Task(*here, "vllm", (*(f"vllm:{p}" for p in VLLM_BUILTINS), *(f"kvbroker:{p}" for p in policies))))
+                bound = (f"offline:{UPPER_BOUND}",) if belady else ()
+                tasks.append(Task(*here, "vllm", (*(f"vllm:{p}" for p in VLLM_BUILTINS), *(f"kvbroker:{p}" for p in policies), *bound)))
             if "replay" in engines:
                 tasks.append(Task(*here, "replay", (*policies, *([UPPER_BOUND] if belady else []))))
             if "libcachesim" in engines and algorithms:
@@ -273,6 +286,12 @@ def best_online(rows: list[dict[str, Any]], engine: str, sources: tuple[str, ...
     return max(online, key=lambda r: r["hits"]) if online else None
 
 
+def bound_of(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The offline bound's row among one engine's rows (Belady: replay's ``belady`` policy;
+    in vLLM, broker/replay/belady_prefix.py through the same prefix lookups)."""
+    return next((r for r in rows if r["policy"] == UPPER_BOUND), None)
+
+
 def replay_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replay's figures: kvbroker's replays and libCacheSim's runs of the same sequence."""
     return [dict(r, engine="replay") if r["engine"] == "libcachesim" else r for r in rows if r["engine"] in ("replay", "libcachesim")]
@@ -291,16 +310,20 @@ def table(rows: list[dict[str, Any]], trace: str, fraction: float) -> str:
     lines = [
         f"{trace} at {fraction:g} of its distinct chunks: {chunks:,} chunks ({chunks * CHUNK_TOKENS:,} tokens), {asked:,} chunks asked"
     ]
-    lines.append(f"  {'policy':<28} {'replay hits':>12} {'ratio':>7}  {'vLLM hits':>12} {'ratio':>7}")
+    lines.append(f"  {'policy':<28} {'replay hits':>12} {'ratio':>7} {'Belady':>7}  {'vLLM hits':>12} {'ratio':>7} {'Belady':>7}")
+    bounds = {engine: bound_of(list(pool.values())) for engine, pool in (("replay", replay), ("vllm", vllm))}
 
-    def figure(r: dict[str, Any] | None, best: dict[str, Any] | None) -> str:
+    def figure(r: dict[str, Any] | None, best: dict[str, Any] | None, bound: dict[str, Any] | None) -> str:
         if r is None:
-            return f"{'-':>12} {'-':>7}"
+            return f"{'-':>12} {'-':>7} {'-':>7}"
         mark = "*" if best is not None and r["online"] and r["hits"] == best["hits"] else " "
-        return f"{r['hits']:>11,}{mark} {r['ratio']:7.4f}"
+        share = f"{r['hits'] / bound['hits']:7.1%}" if bound is not None and bound["hits"] else f"{'-':>7}"
+        return f"{r['hits']:>11,}{mark} {r['ratio']:7.4f} {share}"
 
     for name in dict.fromkeys([*vllm, *replay]):
-        lines.append(f"  {name:<28} {figure(replay.get(name), best_replay)}  {figure(vllm.get(name), best_vllm)}")
+        lines.append(
+            f"  {name:<28} {figure(replay.get(name), best_replay, bounds['replay'])}  {figure(vllm.get(name), best_vllm, bounds['vllm'])}"
+        )
     for what, best in (("replay", best_replay), ("vLLM", best_vllm)):
         if best is not None:
             lines.append(f"  best online in {what}: {label(best)} {best['hits']:,}")
@@ -325,13 +348,20 @@ def summary(rows: list[dict[str, Any]], candidate: str) -> list[dict[str, Any]]:
             if mine is not None and best is not None:
                 share = mine["hits"] / best["hits"] if best["hits"] else 1.0
             entry[f"{engine}_share_of_best"] = share
+            bound = bound_of(pool)
+            entry[f"{engine}_share_of_belady"] = (
+                None if mine is None or bound is None or not bound["hits"] else mine["hits"] / bound["hits"]
+            )
         out.append(entry)
     return out
 
 
 def summary_text(entries: list[dict[str, Any]], candidate: str) -> str:
     lines = [f"{candidate}'s hits as a % of the best online policy's (replay: kvbroker + libCacheSim; vLLM: vLLM's + kvbroker's)"]
-    lines.append(f"  {'trace':<24} {'size':>6} {'chunks':>7}  {'replay':>7} {'best in replay':<26} {'vLLM':>7} {'best in vLLM':<26}")
+    lines.append(
+        f"  {'trace':<24} {'size':>6} {'chunks':>7}  {'replay':>7} {'best in replay':<26} {'vLLM':>7} {'best in vLLM':<26}"
+        f" {'Belady (replay, vLLM)':>22}"
+    )
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
@@ -340,6 +370,7 @@ def summary_text(entries: list[dict[str, Any]], candidate: str) -> str:
         lines.append(
             f"  {e['trace']:<24} {e['fraction']:>6g} {e['chunks']:>7}  {pct(e['replay_share_of_best']):>7} {e['replay_best'] or '-':<26}"
             f" {pct(e['vllm_share_of_best']):>7} {e['vllm_best'] or '-':<26}"
+            f" {pct(e.get('replay_share_of_belady')):>10} {pct(e.get('vllm_share_of_belady')):>10}"
         )
     for engine in ("replay", "vllm"):
         measured = [e for e in entries if e[f"{engine}_share_of_best"] is not None]

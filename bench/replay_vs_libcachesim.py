@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if not args.json:
         print(f"\n(load average {os.getloadavg()[0]:.2f}; {blocks:,} blocks of room, {len(seq):,} allocations)")
-        print(render("replay against libCacheSim, same block sequence", replay_lines(rows)))
+        print(render("replay against libCacheSim, same block sequence", replay_lines(rows), quick=args.quick))
     return 0
 
 

@@ -1,6 +1,6 @@
 """The command that installs one of kvbroker's optional extras, for the hints that name it.
 
-kvbroker is not on a package index: ``pip install 'kvbroker[ray]'`` finds nothing. What works:
+kvbroker is not on a package index: asking pip for ``kvbroker[ray]`` by name finds nothing. What works:
 
 - ``vllm`` and ``ray`` (``OWN_VENV``) go into a venv of their own, beside the clone's
   ``.venv``, with kvbroker installed in it from the clone: ``python3 -m venv .venv-vllm &&

@@ -37,6 +37,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("ray") is None]
 
 
+# Tests marked for an optional extra: what the summary says was not run for want of it.
+EXTRA_MARKERS = {
+    "vllm": "run by .ci/run's vLLM step, in a venv of their own",
+    "ray": "run by .ci/run's Ray step",
+    # Not an extra, minutes long: the README's commands on a fresh clone.
+    "readme_run": "run by .ci/run's README commands step",
+}
+DESELECTED = pytest.StashKey[dict[str, int]]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Count the deselected tests of each extra (by ``-m 'not vllm'`` or for want of Ray)."""
+    for item in items:
+        counts = item.config.stash.setdefault(DESELECTED, {})
+        marker = next((name for name in EXTRA_MARKERS if item.get_closest_marker(name) is not None), None)
+        if marker is not None:
+            counts[marker] = counts.get(marker, 0) + 1
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its counts to the controller, which collects nothing itself
+    (and so its summary, unlike a run without -n, never said "deselected")."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["kvbroker_deselected"] = session.config.stash.get(DESELECTED, {})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist: a worker's counts; every worker collects every test, so the largest is the run's."""
+    counts = getattr(node, "workeroutput", {}).get("kvbroker_deselected", {})
+    config: pytest.Config = node.config  # type: ignore[attr-defined]
+    mine = config.stash.setdefault(DESELECTED, {})
+    for marker, count in counts.items():
+        mine[marker] = max(mine.get(marker, 0), count)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Say what was not run: "1846 passed" read as the whole suite while 127 vLLM and Ray
+    tests were deselected, a count the summary of a run with -n does not show."""
+    counts = config.stash.get(DESELECTED, {})
+    for marker, why in EXTRA_MARKERS.items():
+        count = counts.get(marker, 0)
+        if count:
+            terminalreporter.write_line(f"not run here: {count} {marker}-marked test{'s' if count != 1 else ''} deselected ({why})")
+
+
 REDIS_URL = os.environ.get("KVBROKER_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 SMALL_TIERS = """

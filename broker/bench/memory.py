@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--targets",
         action="store_true",
-        help=f"measure the issue's five policies ({','.join(MEMORY_POLICIES)}) and print each one's target line",
+        help=f"measure the five policies of the memory target ({','.join(MEMORY_POLICIES)}) and print each one's target line",
     )
     parser.add_argument("--quick", action="store_true", help="20,000 blocks only: checks the output, not the figure (the target is at 1M)")
     parser.add_argument("--json", action="store_true", help="one JSON record per block count")
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(breakdown_table(record), flush=True)
     if not args.json:
         print()
-        print(render("memory (RSS per tracked block, policy state included)", memory_lines(records, policies)))
+        print(render("memory (RSS per tracked block, policy state included)", memory_lines(records, policies), quick=args.quick))
     return 0
 
 

@@ -363,7 +363,12 @@ def _record(
 
 
 def main(
-    opts: BenchOptions, *, as_json: bool, memory_blocks: tuple[int, ...] = (), memory_policies: tuple[str, ...] = MEMORY_POLICIES
+    opts: BenchOptions,
+    *,
+    as_json: bool,
+    memory_blocks: tuple[int, ...] = (),
+    memory_policies: tuple[str, ...] = MEMORY_POLICIES,
+    quick: bool = False,
 ) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -400,7 +405,7 @@ def main(
     if records:
         print(format_table(records))
         print()
-        print(render("full path (gRPC + core + journal) against the echo ceiling, same run", full_path_lines(records)))
+        print(render("full path (gRPC + core + journal) against the echo ceiling, same run", full_path_lines(records), quick=quick))
     for m in memory:
         print(
             f"\nmemory: {m['blocks']:,} tracked blocks: {m['rss_bytes_per_block']:.0f} bytes of RSS per block ({m['policy']}); "
@@ -409,6 +414,6 @@ def main(
         )
     if memory:
         print("\n")
-        print(render("memory", memory_lines(memory, memory_policies)))
+        print(render("memory", memory_lines(memory, memory_policies), quick=quick))
     log(f"done in {time.monotonic() - started:.0f}s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

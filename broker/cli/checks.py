@@ -149,14 +149,19 @@ def check_new_or_regular(path: str, field: str) -> None:
 
 
 def check_writable_dir(path: str, field: str) -> None:
-    """A folder that exists or can be made (its nearest existing ancestor is a writable folder)."""
-    if os.path.exists(path) and not os.path.isdir(path):
+    """A folder that exists, or a new one in an existing writable folder. The rule of every
+    output (``--csv``, ``--out``, ``demo --keep``): the folder that holds it must exist; a
+    missing path of folders is a slip (as root, ``--plot /nonexistent/dir/x`` made all
+    three), so only DIR itself is made."""
+    folder = os.path.abspath(path)
+    if os.path.exists(folder) and not os.path.isdir(folder):
         raise BadInput(field, f"{path} exists and is not a folder")
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
-        raise BadInput(field, f"cannot write into {probe}")
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(folder) and not os.path.isdir(parent):
+        raise BadInput(field, f"folder {parent} does not exist (only DIR itself is made)")
+    target = folder if os.path.isdir(folder) else parent
+    if not os.access(target, os.W_OK):
+        raise BadInput(field, f"cannot write into {target}")
 
 
 def check_keep_dir(path: str, journal: str) -> None:

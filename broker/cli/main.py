@@ -208,11 +208,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     print("events:     " + ", ".join(f"{k} {v}" for k, v in record["events"].items()))
     print("directives: " + ", ".join(f"{k} {v}" for k, v in record["directives"].items()))
     print(f"batches {record['batches']} (duplicates {record['duplicate_batches']}), rejected events {record['rejected_events']}")
-    print(
-        f"journal {record['journal']}: written {record['journal_written']}, "
-        f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
-        f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
-    )
+    if record["journal"] == "none":
+        # "written N" would claim records kept: journal none keeps nothing.
+        print("journal none: nothing is journaled (a restart starts empty; replay has nothing to read)")
+    else:
+        print(
+            f"journal {record['journal']}: written {record['journal_written']}, "
+            f"pending {record['journal_pending']}, errors {record['journal_errors']}, "
+            f"spooled {record['journal_spool_records']} ({record['journal_spool_bytes']} bytes), dropped {record['journal_dropped']}"
+        )
     print(f"unacknowledged directives {record['outstanding_directives']} (at most {record['max_outstanding_directives']} kept)")
     refused = ", ".join(f"{k} {v}" for k, v in record["refused_batches"].items()) or "none"
     print(f"refused batches: {refused}; refused streams: {sum(record['refused_streams'].values())}, revoked {record['revoked_streams']}")
@@ -341,8 +345,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from broker.replay.fleet import with_fleet_totals
     from broker.replay.grid import parse_params
     from broker.replay.plan import PlannedSource, SweepSpec, plan_jobs
-    from broker.replay.replay import format_table, journal_config
-    from broker.replay.sweep import Source, run_jobs, single_tier
+    from broker.replay.replay import journal_config
+    from broker.replay.sweep import Source, SweepInterrupted, run_jobs, single_tier
     from broker.replay.traces import TraceError
     from policies import registry
     from policies.base import PolicyError
@@ -420,6 +424,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         except ConfigError as exc:  # a tier size for a tier the config does not have
             print(f"kvbroker replay: {exc}", file=sys.stderr)
             return 2
+        workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
+        if args.trace:
+            _warn_long_run(args, options, len(jobs), workers)
         if args.ray is not None:
             from broker.replay.ray_runner import RayMissing, SweepFailed, run_jobs_on_ray
 
@@ -435,8 +442,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print("kvbroker replay: interrupted; the Ray tasks not yet done were cancelled", file=sys.stderr)
                 return 130
         else:
-            workers = args.jobs or min(len(jobs), os.cpu_count() or 1)
-            records = run_jobs(jobs, workers, progress=True if args.progress else None)
+            try:
+                records = run_jobs(jobs, workers, progress=True if args.progress else None)
+            except SweepInterrupted as stopped:
+                return _interrupted(args, stopped)
     except JournalError as exc:
         print(f"kvbroker replay: --journal: {exc}", file=sys.stderr)
         return 2
@@ -449,18 +458,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
     tails = _check_tails(planned, records) if args.verify else []
-    if args.csv:
-        _write_csv(records, args.csv)
-    if args.plot:
-        from broker.replay.plots import write_plots
-
-        title = os.path.basename(args.trace or args.journal[0]) if len(planned) == 1 else f"fleet of {len(planned)}"
-        for path in write_plots(records, args.plot, title=title):
-            print(f"wrote {path}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(records, indent=2))
-    elif args.csv != "-":
-        print(format_table(records))
+    _write_records(args, records, len(planned))
     skipped = max((r["skipped_lines"] for r in records), default=0)
     if skipped:
         print(f"kvbroker replay: skipped {skipped} bad line(s) (--skip-bad)", file=sys.stderr)
@@ -472,13 +470,76 @@ def cmd_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.verify and not any(r["verified"] is not None for r in records):
-        print("kvbroker replay: --verify: the live policy was not replayed, or the journal kept no directives", file=sys.stderr)
-        return 1
+    if args.verify:
+        unverified = _unverified(planned, records, policies)
+        for line in unverified:
+            print(f"kvbroker replay: --verify: {line}", file=sys.stderr)
+        if unverified:
+            return 1
     for label, tail in tails:
         if tail.message:
             print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
     return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+
+
+def _unverified(planned: list[Any], records: list[dict[str, Any]], policies: list[str]) -> list[str]:
+    """--verify: the journals no row verified, each with why (one source or a fleet's
+    each: a fleet row verifies only the pods whose live policy it replayed)."""
+    out = []
+    for item in planned:
+        label = item.source.label
+        if item.source.journal is None or any(r["verified"] is not None for r in records if r["source"] == label):
+            continue
+        live = item.live_policy
+        if live is None:
+            why = "it holds no config record naming its live policy"
+        elif live.startswith("split(") or live in policies:
+            why = f"its live policy {live} was replayed, but the journal kept no directives (journal.directives = false)"
+        else:
+            why = f"its live policy {live} was not replayed (add --policy {live})"
+        out.append(f"{label}: not verified: {why}")
+    return out
+
+
+def _warn_long_run(args: argparse.Namespace, options: Any, jobs: int, workers: int) -> None:
+    """Before a long decode-mode replay of a Mooncake trace: how long, and the quick modes."""
+    from broker.replay.progress import long_run_note
+    from broker.replay.traces import count_events
+
+    if args.engine or not options.decode or args.format != "mooncake":
+        return
+    events = count_events(args.trace, args.format, options)
+    prompt = count_events(args.trace, args.format, dataclasses.replace(options, decode=False))
+    note = long_run_note(events or 0, prompt or 0, jobs, workers) if events else None
+    if note:
+        print(f"kvbroker replay: {note}", file=sys.stderr, flush=True)
+
+
+def _write_records(args: argparse.Namespace, records: list[dict[str, Any]], sources: int) -> None:
+    """The records as asked: --csv, --plot, then --json or the table on stdout."""
+    from broker.replay.replay import format_table
+
+    if args.csv:
+        _write_csv(records, args.csv)
+    if args.plot and records:
+        from broker.replay.plots import write_plots
+
+        title = os.path.basename(args.trace or args.journal[0]) if sources == 1 else f"fleet of {sources}"
+        for path in write_plots(records, args.plot, title=title):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(records, indent=2))
+    elif args.csv != "-":
+        print(format_table(records))
+
+
+def _interrupted(args: argparse.Namespace, stopped: Any) -> int:
+    """^C during a sweep: one line, the rows of the jobs that had ended printed and
+    written as a whole run's are (a fleet's total row left out: it would add up only some
+    of its journals), exit 130 as a shell reports SIGINT."""
+    print(f"kvbroker replay: {stopped}; their rows follow", file=sys.stderr)
+    _write_records(args, stopped.records, 1)
+    return EXIT_INTERRUPTED
 
 
 def _warn_torn(url: str) -> None:
@@ -515,7 +576,10 @@ def _check_tails(planned: list[Any], records: list[dict[str, Any]]) -> list[tupl
         source = item.source
         if source.journal is None:
             continue
-        tail = check_tail(JournalSource(source.journal, source.stream))
+        try:
+            tail = check_tail(JournalSource(source.journal, source.stream))
+        except JournalError as exc:  # a trailer that is none: one line naming the record
+            raise BadInput("--journal", str(exc)) from None
         for record in records:
             if record["source"] == source.label:
                 record["tail"] = tail.state
@@ -650,7 +714,7 @@ def _trace_base_config(trace: str, fmt: str) -> Any:
 def cmd_repair(args: argparse.Namespace) -> int:
     """Keep every intact record of a damaged file journal; say what was cut."""
     from broker.journal import JournalError, file_path, is_file_url
-    from broker.journal.file import repair_file_journal, take_lock
+    from broker.journal.file import release_lock, repair_file_journal, take_lock
 
     if not is_file_url(args.journal):
         raise BadInput("journal", f"repair mends file journals: file://PATH or a path, got {args.journal!r}")
@@ -672,7 +736,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print(f"kvbroker repair: journal {exc}", file=sys.stderr)
         return 2
     finally:
-        os.close(lock)
+        release_lock(path, lock)  # removes PATH.lock: a repair leaves none behind
     out = {
         "journal": path,
         "damaged": bool(report.cuts),
@@ -792,7 +856,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except PolicyError as exc:
                 print(f"kvbroker bench: --memory-policies: {exc}", file=sys.stderr)
                 return 2
-    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or (), memory_policies=memory_policies)
+    return bench_main(opts, as_json=args.json, memory_blocks=memory_blocks or (), memory_policies=memory_policies, quick=args.quick)
 
 
 def _trace_options(args: argparse.Namespace) -> Any:
@@ -1015,6 +1079,8 @@ def build_parser() -> argparse.ArgumentParser:
 # What a shell reports for a Unix tool that a closed pipe ended (128 + SIGPIPE): `seq 1 1000000
 # | head -1` leaves 141 in PIPESTATUS, and so does `kvbroker policies | head -1`.
 EXIT_BROKEN_PIPE = 141
+# What a shell reports for a tool ended by ^C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1049,6 +1115,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except BadInput as exc:
         return say(args.verb, exc)
+    except KeyboardInterrupt:  # ^C anywhere else: one line, not a traceback
+        print(f"kvbroker {args.verb}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

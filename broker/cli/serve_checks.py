@@ -12,7 +12,8 @@ from broker.config import BrokerConfig, ConfigError
 from broker.config.settings import check_listen
 from broker.journal import JournalError, file_path, is_file_url, split_redis_url, unknown_scheme
 from broker.journal.cluster import check_one_slot
-from broker.journal.file import lock_path, take_lock
+from broker.journal.file import lock_path, release_lock, take_lock
+from broker.journal.lease import check_free
 from broker.journal.records import MAGIC
 from broker.journal.redis_stream import stream_exists
 from broker.journal.redis_urls import cluster_nodes, is_cluster_url, is_redis_url
@@ -47,7 +48,7 @@ def check_journal(config: BrokerConfig, field: str) -> None:
         return
     if is_redis_url(url):
         try:
-            conn, _ = split_redis_url(url)
+            conn, named = split_redis_url(url)
             if is_cluster_url(url):
                 cluster_nodes(conn)
         except (JournalError, ValueError) as exc:
@@ -62,6 +63,11 @@ def check_journal(config: BrokerConfig, field: str) -> None:
                 raise BadInput(
                     field, f"{exc} (the broker reads its journal back at start: start Redis, or set journal.recover = false)"
                 ) from None
+        if config.journal.lease_s:
+            try:
+                check_free(conn, named or config.stream_key())  # one writer per stream (broker.journal.lease)
+            except JournalError as exc:
+                raise BadInput(field, str(exc)) from None
         return
     if not is_file_url(url):
         raise BadInput(field, unknown_scheme(url))
@@ -82,6 +88,6 @@ def check_journal(config: BrokerConfig, field: str) -> None:
         raise BadInput(field, f"{path} is not a kvbroker journal (it does not start with the journal header); give a new path")
     if os.path.exists(lock_path(path)):
         try:
-            os.close(take_lock(path))  # free: let go at once, the broker takes it as it starts
+            release_lock(path, take_lock(path))  # free (a crashed holder's): let go at once, the broker takes it as it starts
         except JournalError as exc:  # another broker writes this journal
             raise BadInput(field, str(exc)) from None

@@ -107,6 +107,10 @@ class JournalConfig:
     # Redis journal: the longest one write (or connect) may take before Redis counts as
     # unreachable and records go to the spool. A hung Redis stalls answers this long.
     redis_timeout_s: float = 0.5
+    # Redis journal: one writer per stream. The broker holds the lease KEY:lease (with a
+    # fencing token) for this long, renewed every lease_s / 3; another broker is refused
+    # while it runs and may take the stream over only once it expired. 0 = no lease.
+    lease_s: float = 10.0
 
 
 # The default stream key on a Redis Cluster: the broker id in braces is the key's hash tag,
@@ -349,6 +353,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
         wait_replicas=_take(jr, "wait_replicas", "journal.", int, JournalConfig.wait_replicas),
         redis_timeout_s=_take(jr, "redis_timeout_s", "journal.", float, JournalConfig.redis_timeout_s),
+        lease_s=_take(jr, "lease_s", "journal.", float, JournalConfig.lease_s),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -365,6 +370,8 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f'journal.spool_full: must be "refuse" or "drop", got {journal.spool_full!r}')
     if not 0.001 <= journal.redis_timeout_s <= 600:  # NaN fails too
         raise ConfigError(f"journal.redis_timeout_s: must be in 0.001..600 seconds, got {journal.redis_timeout_s}")
+    if not (journal.lease_s == 0 or 1 <= journal.lease_s <= 86400):  # NaN fails too
+        raise ConfigError(f"journal.lease_s: must be 0 (no lease) or in 1..86400 seconds, got {journal.lease_s}")
     if "\0" in journal.spool_dir:
         raise ConfigError("journal.spool_dir: must not contain NUL")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))

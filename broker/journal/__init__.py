@@ -58,11 +58,15 @@ def open_journal(
     wait_replicas: int = 1,
     redis_timeout_s: float = DEFAULT_TIMEOUT_S,
     inline_file: bool = False,
+    lease_s: float = 0.0,
+    holder: str = "",
 ) -> Journal:
     """The journal a broker writes to, not yet started. ``spool_*``: the local spool of a
     Redis journal for Redis outages (broker.journal.spool; ``spool_dir`` "" = none).
     ``inline_file``: a file journal writes from the loop's thread (FileJournal ``inline``).
-    ``wait_replicas``: a Redis Cluster journal's write counts once this many replicas hold it."""
+    ``wait_replicas``: a Redis Cluster journal's write counts once this many replicas hold it.
+    ``lease_s``: a Redis journal holds its stream's lease as ``holder`` (broker.journal.lease;
+    0: none)."""
     if url == "none":
         return NullJournal(max_group)
     if is_redis_url(url):
@@ -78,6 +82,8 @@ def open_journal(
                 spool_max_bytes=spool_max_bytes,
                 spool_full=spool_full,
                 fsync=fsync,
+                lease_s=lease_s,
+                holder=holder,
             )
         return RedisJournal(
             conn,
@@ -89,6 +95,8 @@ def open_journal(
             spool_full=spool_full,
             fsync=fsync,
             timeout_s=redis_timeout_s,
+            lease_s=lease_s,
+            holder=holder,
         )
     if is_file_url(url):
         return FileJournal(file_path(url), fsync=fsync, max_group=max_group, inline=inline_file)

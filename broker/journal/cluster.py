@@ -85,6 +85,8 @@ class RedisClusterJournal(RedisJournal):
             for directives in (False, True)
             for tagged in (False, True)
         }
+        if self.lease is not None:
+            await self.lease.acquire(self._cluster)  # KEY:lease shares the stream's hash tag
 
     async def _connect(self) -> None:
         """The writer's connection to the master of the stream's slot, after reloading the
@@ -181,6 +183,7 @@ class RedisClusterJournal(RedisJournal):
         return newest
 
     async def _close_backend(self) -> None:
+        await self._release_lease()
         await self._discard_writer_connection()
         if self._cluster is not None:
             with contextlib.suppress(Exception):  # closing: a node already gone changes nothing

@@ -3,7 +3,8 @@
 One writer per file: the broker holds an exclusive ``flock`` on ``PATH.lock`` (a file of
 its own, holding the pid of the broker that has it) for as long as the journal is open. A
 second broker on the same journal refuses to start and names that pid; the kernel releases
-the lock when the holder dies, so a crash never leaves the journal locked.
+the lock when the holder dies, so a crash never leaves the journal locked (the file stays,
+unlocked: the next holder takes it); a clean close removes the file.
 
 A write that fails half way (disk full, a file-size limit) is cut off again before it is
 retried: every group is written with ``pwrite`` at the offset the file had after the last
@@ -34,24 +35,52 @@ def lock_path(path: str) -> str:
 def take_lock(path: str) -> int:
     """Hold the journal's lock file (``PATH.lock``) for this process; returns its fd.
 
-    Raises JournalError naming the other holder's pid when another process has it."""
+    Raises JournalError naming the other holder's pid when another process has it.
+
+    The holder removes the file as it lets go (``release_lock``), so a clean stop leaves
+    none. A process that opened the file just before it was removed could lock that removed
+    file and believe it holds the journal: so a lock counts only while ``PATH.lock`` still
+    names the file locked, else the file is opened again."""
     where = lock_path(path)
-    try:
-        fd = os.open(where, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise JournalError(f"cannot open the journal lock {where}: {exc.strerror}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise JournalError(
-            f"journal {path} is in use by another broker (pid {holder}, holding {where}); "
-            "two brokers must not write one journal: stop that one or give this one its own journal.url"
-        ) from None
+    while True:
+        try:
+            fd = os.open(where, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise JournalError(f"cannot open the journal lock {where}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise JournalError(
+                f"journal {path} is in use by another broker (pid {holder}, holding {where}); "
+                "two brokers must not write one journal: stop that one or give this one its own journal.url"
+            ) from None
+        if _names(where, fd):
+            break
+        os.close(fd)  # removed by the holder that let go meanwhile: take the new one
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _names(where: str, fd: int) -> bool:
+    """Whether the path ``where`` is the file open as ``fd``."""
+    try:
+        st = os.stat(where)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def release_lock(path: str, fd: int) -> None:
+    """Let go of the lock ``take_lock`` gave: remove ``PATH.lock`` while still holding it
+    (so no other process can have locked the file being removed), then close it."""
+    with contextlib.suppress(OSError):
+        if _names(lock_path(path), fd):
+            os.unlink(lock_path(path))
+    os.close(fd)  # closing releases the flock
 
 
 def open_for_append(path: str) -> tuple[int, int, int]:
@@ -285,5 +314,5 @@ class FileJournal(Journal):
 
     def _release_lock(self) -> None:
         if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # closing releases the flock
+            release_lock(self.path, self._lock_fd)  # a clean stop leaves no PATH.lock
             self._lock_fd = -1

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from broker.config import ConfigError, core_from_json
 from broker.journal.records import JournalError, JournalRecord, RecordKind
+from broker.journal.trailer import Trailer
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
 
@@ -37,6 +38,8 @@ def payload_problem(record: JournalRecord) -> str | None:
             pb.IntentBatch.FromString(record.payload)
         elif record.kind == RecordKind.DIRECTIVES:
             dpb.DirectiveBatch.FromString(record.payload)
+        elif record.kind == RecordKind.TRAILER:
+            Trailer.from_record(record)  # a writer's closing count: kept, as replay --verify reads it
         else:
             core_from_json(record.payload.decode())
     except DecodeError as exc:
@@ -44,6 +47,8 @@ def payload_problem(record: JournalRecord) -> str | None:
         return f"its payload ({len(record.payload)} bytes) is not a valid {kind} ({exc})"
     except UnicodeDecodeError as exc:
         return f"its config payload is not UTF-8 ({exc.reason} at byte {exc.start})"
+    except JournalError as exc:  # only a trailer's check raises it
+        return f"its trailer payload is not a trailer ({str(exc).removeprefix('malformed trailer record').lstrip(': ')})"
     except ConfigError as exc:
         return f"its config payload is not a config ({str(exc).removeprefix('journaled config is not readable: ')})"
     return None

@@ -29,6 +29,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from broker.journal.lease import StreamLease
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.redis_urls import redact_url as redact
 from broker.journal.redis_urls import sync_client
@@ -104,9 +105,13 @@ class RedisJournal(SpooledJournal):
         spool_full: str = "refuse",
         fsync: bool = False,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        lease_s: float = 0.0,
+        holder: str = "",
     ) -> None:
         """``timeout_s`` (journal.redis_timeout_s): the longest a write (one MULTI/EXEC) or a
-        connect may take before Redis counts as unreachable and records go to the spool."""
+        connect may take before Redis counts as unreachable and records go to the spool.
+        ``lease_s`` (journal.lease_s; 0: none): hold the stream's lease (broker.journal.lease)
+        as ``holder``, so that no other writer with a lease writes the stream meanwhile."""
         super().__init__(
             max_group,
             spool_dir=spool_dir,
@@ -133,10 +138,20 @@ class RedisJournal(SpooledJournal):
         # Entries of a group that failed inside EXEC that are still to be deleted again (key ->
         # ids): the read-back must not see them (see _undo_partial).
         self._undo: dict[bytes, list[bytes]] = {}
+        self.lease = StreamLease(stream, holder, lease_s, timeout_s) if lease_s > 0 else None
 
     @property
     def description(self) -> str:
         return f"{redact(self.url)} stream {self.stream}"
+
+    def refusal(self, nbytes: int) -> str | None:
+        if self.lease is not None and self.lease.lost:  # another broker writes the stream now
+            return f"journal unavailable: {self.lease.lost}; batch not applied"
+        return super().refusal(nbytes)
+
+    async def _release_lease(self) -> None:
+        if self.lease is not None:
+            await self.lease.release()
 
     async def _open_backend(self) -> None:
         # No retries inside redis-py: a write retried after a lost reply would be applied
@@ -151,10 +166,14 @@ class RedisJournal(SpooledJournal):
             for directives in (False, True)
             for tagged in (False, True)
         }
+        if self.lease is not None:
+            await self.lease.acquire(self._redis)  # before a leftover spool drains into the stream
 
     async def _write_tagged(self, group: list[JournalRecord], epoch: bytes, last_seq: int) -> None:
         if not group:
             return
+        if self.lease is not None:
+            await self.lease.ensure()  # never a write while another broker may hold the stream
         if self._undo:  # normally finished by the read-back, unless a drop skipped it
             await self._finish_undo()
         buffer, keys = self._pack_group(group, epoch, last_seq)
@@ -309,6 +328,7 @@ class RedisJournal(SpooledJournal):
         return newest
 
     async def _close_backend(self) -> None:
+        await self._release_lease()
         await self._discard_writer_connection()
         if self._redis is not None:
             await self._redis.aclose()

@@ -30,12 +30,36 @@ class Trailer:
 
     @classmethod
     def from_record(cls, record: JournalRecord) -> Trailer:
+        """The trailer a record holds; JournalError naming what is wrong with a payload that
+        is not one (a forged or damaged record: numbers like 1e400, nesting 100k deep)."""
         try:
             data = json.loads(record.payload)
-            trailer = cls(str(data["client_id"]), int(data["first_seq"]), int(data["last_seq"]), int(data["batches"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except RecursionError:  # nested deeper than the parser's stack
+            raise JournalError("malformed trailer record: nested too deep") from None
+        except ValueError as exc:  # not UTF-8, not JSON
             raise JournalError(f"malformed trailer record ({type(exc).__name__}: {exc})") from None
-        return trailer
+        if not isinstance(data, dict):
+            raise JournalError(f"malformed trailer record: expected a JSON object, got {type(data).__name__}")
+        client_id = data.get("client_id")
+        if not isinstance(client_id, str):
+            raise JournalError(f"malformed trailer record: client_id: expected a string, got {type(client_id).__name__}")
+        counts: list[int] = []
+        for key in COUNTS:
+            value = data.get(key)
+            # Exact ints only: 1e400 is a float (inf) that int() cannot take, and a float
+            # count is no count.
+            if type(value) is not int or not 0 <= value < 2**64:
+                raise JournalError(f"malformed trailer record: {key}: expected an integer in 0..2^64-1, got {_shown(value)}")
+            counts.append(value)
+        return cls(client_id, *counts)
+
+
+COUNTS = ("first_seq", "last_seq", "batches")
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class TrailerTally:

@@ -18,6 +18,8 @@ import glob
 import json
 from typing import Any
 
+import redis
+
 from broker.journal import JournalError, file_path, split_redis_url
 from broker.journal.redis_stream import directives_key, redact
 from broker.journal.redis_urls import is_redis_url, sync_client
@@ -85,11 +87,16 @@ def expand_journals(urls: list[str], stream: str | None = None) -> list[tuple[st
 def scan_streams(url: str, pattern: str) -> list[str]:
     """The stream keys matching ``pattern`` (SCAN ... TYPE stream), sorted; a journal's
     directives stream (``KEY:directives``) is not a journal of its own."""
-    client = sync_client(url, socket_timeout=10)
     try:
-        keys = {k.decode() if isinstance(k, bytes) else str(k) for k in client.scan_iter(match=pattern, count=1000, _type="stream")}
-    finally:
-        client.close()
+        client = sync_client(url, socket_timeout=10)
+        try:
+            keys = {k.decode() if isinstance(k, bytes) else str(k) for k in client.scan_iter(match=pattern, count=1000, _type="stream")}
+        finally:
+            client.close()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # Nothing listening, or no Redis there (an HTTP port): said as a journal without a
+        # pattern says it (stream_exists), one line.
+        raise JournalError(f"cannot reach Redis at {redact(url)}: {exc}") from None
     return sorted(k for k in keys if not k.endswith(DIRECTIVES_SUFFIX))
 
 
@@ -146,7 +153,9 @@ def fleet_total(pods: list[dict[str, Any]]) -> dict[str, Any]:
         total[key] = stats.latency_percentile(q)
     total["events_per_s"] = total["events"] / total["seconds"] if total.get("seconds") else 0.0
     verified = [p["verified"] for p in pods]
-    total["verified"] = None if all(v is None for v in verified) else all(v is True for v in verified)
+    # Yes only when every pod verified; NO when one did not reproduce its journal; else
+    # not verified (a pod whose live policy was another: this row verifies nothing there).
+    total["verified"] = True if all(v is True for v in verified) else False if any(v is False for v in verified) else None
     mismatches = [p["mismatches"] for p in pods if p["mismatches"] is not None]
     total["mismatches"] = sum(mismatches) if mismatches else None
     total.pop("first_mismatch", None)

@@ -115,7 +115,8 @@ def write_plots(records: list[dict[str, Any]], directory: str, title: str = "") 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(directory, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.mkdir(directory)  # DIR itself only: its parent was checked to exist (cli.checks)
     paths = []
     for chart in charts(records, title):
         fig, ax = plt.subplots(figsize=(8, 5))

@@ -291,24 +291,32 @@ class ProgressBar:
     of events when their total is known (a file journal), else of batches (a Redis one):
     batches differ a thousandfold in events, so a share of batches misjudged the time left
     (6 s left said at 27 s of a 36 s replay). Redrawn at most twice a second, so it costs
-    nothing measurable."""
+    nothing measurable. On a terminal the line is redrawn in place; elsewhere (``--progress
+    2>log``, CI) a whole line every ``LINE_S`` seconds, as the sweep's overall progress
+    does: a log of ``\r``-joined updates read as one line thousands of columns wide."""
 
     WIDTH = 30
+    DRAW_S = 0.5
+    LINE_S = 10.0
 
-    def __init__(self, label: str, total_batches: int | None, stream: Any = None, *, total_events: int | None = None) -> None:
+    def __init__(
+        self, label: str, total_batches: int | None, stream: Any = None, *, total_events: int | None = None, tty: bool | None = None
+    ) -> None:
         self.label = label
         self.total = total_batches if total_batches else None
         self.total_events = total_events if total_events else None
         self.stream = stream if stream is not None else sys.stderr
+        self.tty = _isatty(self.stream) if tty is None else tty
+        self.every = self.DRAW_S if self.tty else self.LINE_S
         self.started = time.perf_counter()
-        self.next_draw = self.started + 0.5
+        self.next_draw = self.started + self.every
 
     def line(self, batches: int, events: int, now: float) -> str:
         elapsed = max(now - self.started, 1e-9)
         rate = events / elapsed
         head = f"{self.label}: "
-        if self.total is not None:
-            frac = min(events / self.total_events if self.total_events else batches / self.total, 1.0)
+        if self.total is not None or self.total_events is not None:
+            frac = min(events / self.total_events if self.total_events else batches / (self.total or 1), 1.0)
             filled = int(frac * self.WIDTH)
             eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
             head += f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:4.0%} "
@@ -322,16 +330,26 @@ class ProgressBar:
         now = time.perf_counter()
         if now < self.next_draw:
             return
-        self.next_draw = now + 0.5
-        print("\r" + self.line(batches, events, now), end="", file=self.stream, flush=True)
+        self.next_draw = now + self.every
+        if self.tty:
+            print("\r" + self.line(batches, events, now), end="", file=self.stream, flush=True)
+        else:
+            print(self.line(batches, events, now), file=self.stream, flush=True)
 
     def done(self, batches: int, events: int) -> None:
         if self.total is not None:
             self.total = max(self.total, batches)  # the bar ends full even if the count was an estimate
             batches = self.total
-            if self.total_events:
-                self.total_events = events
-        print("\r" + self.line(batches, events, time.perf_counter()) + " done", file=self.stream, flush=True)
+        if self.total_events:
+            self.total_events = events
+        print(("\r" if self.tty else "") + self.line(batches, events, time.perf_counter()) + " done", file=self.stream, flush=True)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or stand-in stream: no terminal
+        return False
 
 
 def replay_source(

@@ -23,7 +23,7 @@ from broker.journal.redis_urls import is_redis_url, sync_client
 from broker.replay.preread import SourceData
 from broker.replay.progress import SweepProgress, count_into, events_in
 from broker.replay.replay import BatchSource, capacity_text, journal_batches, replay
-from broker.replay.traces import SkipCounter, TraceOptions, read_trace
+from broker.replay.traces import SkipCounter, TraceOptions, count_events, read_trace
 from policies.base import PolicyError
 from policies.registry import make_params, policy_class
 
@@ -165,9 +165,12 @@ def count_journal(source: Source) -> tuple[int | None, int | None]:
     """(batches, events) a journal holds: the progress bar's 100%. A file's are counted
     (1.0 s for the 729k events of the Mooncake trace imported, read and counted); a Redis stream's batches are its
     length (its few config records included: an estimate) and its events unknown (None:
-    the bar then follows batches). (None, None) for a trace, known only by importing it."""
+    the bar then follows batches). A trace's events where its format can count them
+    without importing (broker.replay.traces.count_events: Mooncake), its batches unknown."""
     if source.journal is None:
-        return None, None
+        if source.engine or source.trace is None or source.fmt is None:
+            return None, None
+        return None, count_events(source.trace, source.fmt, source.options)
     if is_redis_url(source.journal):
         from broker.journal import split_redis_url
 
@@ -201,12 +204,15 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
         records = []
         for i, job in enumerate(jobs, start=1):
             started = time.perf_counter()
-            records.append(run_job(job, progress=progress))
+            try:
+                records.append(run_job(job, progress=progress))
+            except KeyboardInterrupt:
+                raise SweepInterrupted(records, len(jobs)) from None
             log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
         return records
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)  # events replayed by every worker so far
-    overall = SweepProgress([job.source.label for job in jobs]) if progress else None
+    overall = SweepProgress([job.source.label for job in jobs], known=_known_events(jobs)) if progress else None
     out: list[dict[str, Any] | None] = [None] * len(jobs)
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=count_into, initargs=(counter,))
     try:
@@ -225,8 +231,12 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
                     log(f"[{done}/{len(jobs)}] {job_label(jobs[i])} done in {record['seconds']:.1f}s")
             if overall is not None:
                 overall.update(counter.value)
+    except KeyboardInterrupt:
+        # ^C: the jobs that ended are kept (a 17-minute job's row was thrown away before).
+        _stop_workers(pool)
+        raise SweepInterrupted([r for r in out if r is not None], len(jobs)) from None
     except BaseException:
-        # One job failed (or ^C): the error is the answer; no worker may outlive this call
+        # One job failed: the error is the answer; no worker may outlive this call
         # (one still starting when the parent returned failed to open the shared counter's
         # semaphore, unlinked with it, and printed a traceback under the one-line error).
         _stop_workers(pool)
@@ -236,6 +246,26 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
             overall.close()
         pool.shutdown(wait=True)
     return [r for r in out if r is not None]
+
+
+def _known_events(jobs: list[Job]) -> dict[str, int]:
+    """Events of one job of each source, where they are known before it runs: the sweep's
+    share done and time left from its start, not once a job of each source has ended."""
+    known = {}
+    for source in {job.source.label: job.source for job in jobs}.values():
+        events = count_journal(source)[1]
+        if events:
+            known[source.label] = events
+    return known
+
+
+class SweepInterrupted(Exception):
+    """^C during a sweep: ``records``, the jobs that had ended (in job order), of ``jobs``."""
+
+    def __init__(self, records: list[dict[str, Any]], jobs: int) -> None:
+        super().__init__(f"interrupted: {len(records)} of {jobs} jobs had ended")
+        self.records = records
+        self.jobs = jobs
 
 
 # How long a failed sweep waits for its stopped workers (and the executor's thread) to end.

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterator
 from typing import Literal
 
-from broker.journal import JournalSource
+from broker.journal import JournalError, JournalSource, RecordKind
 from broker.journal.trailer import Trailer
 from broker.model.apply import client_key
 from broker.model.wire import read_batch
@@ -42,7 +43,7 @@ def check_tail(source: JournalSource) -> TailCheck:
     covered: dict[str, int] = {}
     missing = 0
     cuts: list[str] = []
-    for trailer in (Trailer.from_record(r) for r in source.trailers()):
+    for trailer in _trailers(source):
         found = seqs.get(trailer.client_id, [])
         lo = bisect.bisect_left(found, trailer.first_seq)
         hi = bisect.bisect_right(found, trailer.last_seq)
@@ -65,6 +66,16 @@ def check_tail(source: JournalSource) -> TailCheck:
             "trailers at a clean stop, SIGTERM or SIGINT, not when killed)",
         )
     return TailCheck("complete", 0, "")
+
+
+def _trailers(source: JournalSource) -> Iterator[Trailer]:
+    """The journal's trailers; a record that is none (forged, damaged) is a JournalError
+    naming where it is."""
+    for index, record in enumerate(source.trailers()):
+        try:
+            yield Trailer.from_record(record)
+        except JournalError as exc:
+            raise JournalError(f"{source.where(index, RecordKind.TRAILER)}: {exc}") from None
 
 
 def _named(key: str) -> str:

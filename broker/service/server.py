@@ -26,8 +26,10 @@ from broker.config.limits import DEFAULT_MAX_MESSAGE_BYTES
 from broker.config.settings import check_listen
 from broker.journal import Journal, JournalError, JournalRecord, JournalSource, file_path, is_file_url, open_journal
 from broker.journal.base import NullJournal
+from broker.journal.lease import holder_name
 from broker.journal.payloads import BadRecord
 from broker.journal.redis_stream import RedisJournal, stream_exists
+from broker.journal.redis_urls import is_redis_url
 from broker.model.apply import client_key
 from broker.model.pbwire import key, length_delimited, varint
 from broker.model.wire import BatchReader, read_batch
@@ -498,6 +500,8 @@ def journal_for(config: BrokerConfig) -> Journal:
         spool_full=j.spool_full,
         wait_replicas=j.wait_replicas,
         redis_timeout_s=j.redis_timeout_s,
+        lease_s=j.lease_s,
+        holder=holder_name(config.broker_id),
     )
 
 
@@ -645,6 +649,13 @@ async def serve(
 ) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully. SIGHUP, or a change of the
     config file, reloads the config."""
+    if config.broker_id == BrokerConfig.broker_id and is_redis_url(config.journal.url):
+        log.warning(
+            "broker.id is left at its default %r: it names this broker's Redis journal stream (%s); every broker "
+            "sharing this Redis needs an id of its own (a second one with the same id is refused while this one holds the stream)",
+            config.broker_id,
+            config.stream_key(),
+        )
     broker = await start_broker(config, config_path, overrides)
     # Here, not in start_broker: tests start brokers inside the test process.
     frozen = freeze_startup_heap()

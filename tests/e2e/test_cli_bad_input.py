@@ -133,6 +133,12 @@ CASES: list[tuple[str, list[str], str]] = [
         "--csv",
     ),
     ("replay-plot-a-file", ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--plot", "{text}"], "--plot"),
+    # One rule with --csv: the folder that holds an output must exist (only DIR itself is made).
+    (
+        "replay-plot-no-folder",
+        ["replay", "--trace", "{trace}", "--format", "mooncake", "--policy", "lru", "--plot", "{tmp}/no/dir/x"],
+        "--plot: folder {tmp}/no/dir does not exist",
+    ),
     ("replay-config-missing", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{tmp}/nope.toml"], "--config"),
     ("replay-config-malformed", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{bad_toml}"], "--config"),
     ("replay-config-negative", ["replay", "--trace", "{trace}", "--format", "mooncake", "--config", "{neg_toml}"], "tiers[0].capacity"),

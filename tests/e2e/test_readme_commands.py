@@ -66,7 +66,11 @@ RULES = (
     ),
     Rule(r"(\.venv-vllm/bin/)?vllm serve .*", "skip", "vLLM serving a model needs a GPU"),
     Rule(r"kvbroker replay --journal file:///var/lib/kvbroker/vllm-1234\.journal .*", "skip", "reads the journal vllm serve writes (GPU)"),
-    Rule(r"\.venv-vllm/bin/.*", "skip", "runs in the vLLM venv: .ci/run's vllm step"),
+    Rule(
+        r"(PYTHONPATH=\. )?\.venv-vllm/bin/.*",
+        "skip",
+        "runs in the vLLM venv, which .ci/run's vllm step builds (and runs the try-it there, on a short trace)",
+    ),
     Rule(r"kvbroker serve --config broker\.toml --listen 127\.0\.0\.1:50051", "serve", "the broker of the bridge and the replay below"),
     Rule(r"kvbroker vllm-bridge .*", "skip", "mirrors a running vLLM's KV events (vllm serve, GPU)"),
     Rule(r"kvbroker replay --journal file://kvbroker\.journal --verify", "run", "the journal the serve above wrote"),

@@ -73,7 +73,7 @@ def test_a_sweeps_progress_counts_jobs_and_events_and_estimates_what_is_left() -
     lines = out.getvalue().splitlines()
     assert lines[0] == "[1/4] lru on a done in 2.9s"
     # total 4 x 1000 events; 1500 done at 500 events/s: 5 s left.
-    assert lines[1] == "replay: 1/4 jobs done, 1,500 events, 500 events/s, 3s elapsed, ETA 5s"
+    assert lines[1] == "replay: 1/4 jobs done, 1,500 events (38%), 500 events/s, 3s elapsed, ETA 5s"
     now[0] = 13.5
     progress.update(6000)
     assert out.getvalue().splitlines()[-1].startswith("replay: 1/4 jobs done, 6,000 events")  # the periodic line
@@ -101,7 +101,7 @@ def test_a_parallel_sweep_with_progress_off_a_terminal_writes_plain_lines() -> N
     assert "\r" not in stderr  # a log stays readable: no bar redrawn in place
     events = sum(r["events"] for r in json.loads(stdout))
     overall = [line for line in stderr.splitlines() if line.startswith("replay: ")]
-    assert overall and overall[-1].startswith(f"replay: 2/2 jobs done, {events:,} events, ")
+    assert overall and overall[-1].startswith(f"replay: 2/2 jobs done, {events:,} events (100%), ")
     assert re.search(r", [\d,]+ events/s, [\d,]+s elapsed, ETA 0s$", overall[-1]), overall[-1]
 
 
@@ -173,3 +173,76 @@ def test_progress_lines_name_sizes_as_the_table_does(tmp_path: Path) -> None:
         assert any(size in line for line in progress), progress
         assert size in done.stdout, done.stdout
     assert "GiB" not in "".join(progress) and "MiB" not in "".join(progress), progress
+
+
+def test_a_single_jobs_progress_off_a_terminal_is_whole_lines() -> None:
+    """`--progress 2>log` with one job: each update a line of its own, as the sweep's lines
+    are; before, updates were joined by \\r into one line thousands of columns wide."""
+    out = io.StringIO()  # not a terminal
+    bar = ProgressBar("lru", 200, stream=out)
+    for batches in (50, 100, 150):
+        bar.next_draw = 0.0  # the update is due
+        bar.show(batches, batches * 10)
+    bar.done(200, 2_000)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert len(lines) == 4 and all(line.startswith("lru: [") for line in lines), lines
+    assert lines[-1].endswith(" done")
+
+
+TRACE = Path(__file__).parents[1] / "data" / "mooncake" / "synthetic_trace.jsonl"
+
+
+def test_a_mooncake_traces_events_are_known_before_its_replay() -> None:
+    """Counted from its requests, as many as the import makes, in both modes: a trace's
+    share done and time left from the start (a single job showed a count only)."""
+    from broker.replay.sweep import Job, Source, count_journal, run_job, single_tier
+    from broker.replay.traces import TraceOptions
+
+    for decode in (True, False):
+        source = Source(trace=str(TRACE), fmt="mooncake", options=TraceOptions(decode=decode))
+        record = run_job(Job(source, "lru", single_tier(10**12)))
+        assert count_journal(source) == (None, record["events"])
+
+
+def test_a_single_job_of_a_trace_shows_its_share_and_time_left() -> None:
+    bar = ProgressBar("lru", None, stream=io.StringIO(), total_events=1_000)
+    line = bar.line(3, 250, bar.started + 1.0)
+    assert " 25% " in line and "ETA 3s" in line, line
+
+
+def test_a_sweep_whose_sources_are_counted_has_a_share_and_eta_before_any_job_ends() -> None:
+    out = io.StringIO()
+    now = [0.0]
+    progress = SweepProgress(["a", "a"], stream=out, tty=False, interval=10.0, clock=lambda: now[0], known={"a": 1000})
+    now[0] = 10.0
+    progress.update(500)
+    assert out.getvalue().splitlines()[-1] == "replay: 0/2 jobs done, 500 events (25%), 50 events/s, 10s elapsed, ETA 30s"
+
+
+def test_a_long_decode_run_is_said_before_it_starts_with_the_quick_modes() -> None:
+    from broker.replay.progress import long_run_note
+
+    note = long_run_note(60_000_000, 2_000_000, jobs=5, workers=2)  # three rounds of 20 minutes
+    assert note is not None and "about 60 min" in note, note
+    assert "--no-decode (prompt blocks only, 2,000,000 events a job)" in note and "--engine vllm" in note
+    assert long_run_note(729_495, 125_870, jobs=5, workers=2) is None  # half a minute: nothing said
+
+
+def test_replay_says_so_before_a_long_decode_run() -> None:
+    sizes = ",".join(f"{n}000000tok" for n in range(1, 9))
+    proc = subprocess.Popen(
+        [str(KVBROKER), "replay", "--trace", str(TRACE), "--format", "mooncake", "--policies", "lru", "--hbm", sizes, "--jobs", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # before any job has ended
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert first.startswith("kvbroker replay: note: decode mode replays 729,495 events in each of 8 job(s), about "), first
+    assert "--no-decode (prompt blocks only, 125,870 events a job)" in first and "--engine vllm" in first

@@ -6,20 +6,35 @@ writes them to a journal file.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 from broker.replay.traces import kvds, profiles
 from broker.replay.traces.base import SkipCounter, TraceError
-from broker.replay.traces.mooncake import MooncakeOptions, read_mooncake
+from broker.replay.traces.mooncake import MooncakeOptions, read_mooncake, read_requests
+from broker.replay.traces.mooncake import event_count as mooncake_event_count
 from broker.replay.traces.options import TraceOptions
 from kvbroker.v1 import intent_pb2 as pb
 
-__all__ = ["FORMATS", "SkipCounter", "TraceError", "TraceOptions", "read_trace"]
+__all__ = ["FORMATS", "SkipCounter", "TraceError", "TraceOptions", "count_events", "read_trace"]
+
+
+def _mooncake_options(opts: TraceOptions) -> MooncakeOptions:
+    return MooncakeOptions(decode=opts.decode, bytes_per_token=opts.bytes_per_token, tpot_us=opts.tpot_us, batch_events=opts.batch_events)
 
 
 def _mooncake(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
-    mopts = MooncakeOptions(decode=opts.decode, bytes_per_token=opts.bytes_per_token, tpot_us=opts.tpot_us, batch_events=opts.batch_events)
-    return read_mooncake(path, mopts, skips)
+    return read_mooncake(path, _mooncake_options(opts), skips)
+
+
+@functools.lru_cache(maxsize=8)
+def count_events(path: str, fmt: str, opts: TraceOptions) -> int | None:
+    """The events a trace imports to, known before its replay (None where a format's count
+    is only known by importing it). Read once per process for a sweep's jobs, its progress
+    and its warning of a long run."""
+    if fmt != "mooncake":
+        return None
+    return mooncake_event_count(read_requests(path, SkipCounter(opts.skip_bad)), _mooncake_options(opts))
 
 
 def _vllm_capture(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:

@@ -60,6 +60,14 @@ class MooncakeRequest:
     hash_ids: list[str]
 
 
+MAX_HASH_ID = 2**64 - 1
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 512 else f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_requests(path: str, skips: SkipCounter) -> list[MooncakeRequest]:
     requests: list[MooncakeRequest] = []
     for line, obj in read_jsonl(path, skips):
@@ -71,8 +79,9 @@ def read_requests(path: str, skips: SkipCounter) -> list[MooncakeRequest]:
             if not isinstance(hashes, list):
                 raise TraceError(path, line, "hash_ids", f"expected a list of integers, got {hashes!r}")
             for i, h in enumerate(hashes):
-                if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-                    raise TraceError(path, line, f"hash_ids[{i}]", f"expected an integer >= 0, got {h!r}")
+                # A hash id is a uint64 (vLLM's engine replay packs it in 8 bytes).
+                if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= MAX_HASH_ID:
+                    raise TraceError(path, line, f"hash_ids[{i}]", f"expected an integer in 0..2^64-1, got {_short(h)}")
         except TraceError as exc:
             skips.bad(exc)
             continue
@@ -206,6 +215,20 @@ def _finish(out: _Batches, req: MooncakeRequest, now: int, refs: dict[str, int],
             refs[block_id] -= 1
     if private:
         out.event(now).freed.block_ids.extend(private)
+
+
+def event_count(requests: list[MooncakeRequest], opts: MooncakeOptions) -> int:
+    """The events ``read_mooncake`` makes of these requests, without making them: a
+    replay's share done and time left from its start (the file is read whole before the
+    first batch, so how far into the file says nothing)."""
+    total = 0
+    for req in requests:
+        prompt = len(req.hash_ids)
+        total += prompt + (1 if prompt else 0)  # the allocations, then one release
+        if opts.decode and req.output_length > 0:
+            # A step's access each, a private block every block_tokens steps, one free at the end.
+            total += req.output_length + -(-req.output_length // opts.block_tokens) + 1
+    return total
 
 
 def read_mooncake(path: str, opts: MooncakeOptions | None = None, skips: SkipCounter | None = None) -> Iterator[pb.IntentBatch]:

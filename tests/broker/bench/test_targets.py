@@ -1,4 +1,4 @@
-"""The issue 24 target lines: every target has a line, measured or not, with the right verdict."""
+"""The performance target lines: every target has a line, measured or not, with the right verdict."""
 
 from __future__ import annotations
 
@@ -97,4 +97,16 @@ def test_instruction_lines_and_the_summary_count() -> None:
     lines = instruction_lines(rows, ["lru", "arc"])
     assert lines[0].met is True and "1M blocks over 10k" in lines[0].what
     assert lines[1].met is None
-    assert render("t", lines).splitlines()[0] == "targets (issue 24): t: 1 of 1 measured met"
+    assert render("t", lines).splitlines()[0] == "targets (docs/performance.md): t: 1 of 1 measured met"
+
+
+def test_the_output_names_where_the_targets_are_written_not_an_internal_issue() -> None:
+    """A user reads the targets where they are written down (docs/performance.md); an issue
+    number of this project's tracker means nothing to them. A quick run says its figures
+    are not the targets' (its runs are too short to judge them)."""
+    lines = full_path_lines([throughput(256, "file", 0.2, 10.0, 2.0)])
+    for quick in (False, True):
+        text = render("full path", lines, quick=quick)
+        assert "issue" not in text
+        assert "docs/performance.md" in text.splitlines()[0]
+        assert ("--quick" in text.splitlines()[1]) is quick

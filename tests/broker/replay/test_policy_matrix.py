@@ -99,6 +99,29 @@ def test_the_summary_measures_the_candidate_against_each_cells_best_and_names_th
     text = pm.summary_text([first, second], "adaptive")
     assert "worst cell in replay: t at 0.02 (10 chunks): 90.0% of libCacheSim:MQ" in text
     assert "worst cell in vllm: t at 0.02 (10 chunks): 75.0% of vllm:arc" in text
+    # Beside the share of the best: the share of the offline bound (replay's belady here).
+    assert first["replay_share_of_belady"] == pytest.approx(0.45) and first["vllm_share_of_belady"] is None
+    assert "45.0%" in text.splitlines()[2]
+
+
+def test_vllm_cells_run_vllms_admission_settings_and_belady_through_prefix_lookups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's baseline is its best setting (lru and arc at store_threshold 1-4), and each
+    vLLM cell has the offline bound run through the same prefix lookups."""
+    assert set(pm.VLLM_BUILTINS) == {"lru", "arc", *(f"{p}@{t}" for p in ("lru", "arc") for t in (2, 3, 4))}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(gen.SYNTHETIC_TRACE.read_text().splitlines()[:300]) + "\n")
+    (task,) = pm.plan({"t": str(trace)}, [0.05], ["vllm"], ["lru"], [], belady=True)
+    assert task.policies[:8] == tuple(f"vllm:{p}" for p in pm.VLLM_BUILTINS)
+    assert task.policies[-2:] == ("kvbroker:lru", "offline:belady")
+    monkeypatch.setattr(pm, "vllm_available", lambda: False)  # the emulated manager's path
+    rows = {f"{r['source']}:{r['policy']}": r for r in pm.run_task(task)}
+    assert set(rows) == {"vllm:lru", "kvbroker:lru", "offline:belady"}  # without vLLM: no arc, no thresholds
+    assert rows["vllm:lru"]["hits"] == rows["kvbroker:lru"]["hits"]
+    assert rows["offline:belady"]["hits"] > rows["kvbroker:lru"]["hits"] > 0 and not rows["offline:belady"]["online"]
+    text = pm.table(pm.run_task(task), "t", 0.05)
+    lru = next(line for line in text.splitlines() if line.lstrip().startswith("kvbroker:lru"))
+    share = rows["kvbroker:lru"]["hits"] / rows["offline:belady"]["hits"]
+    assert f"{share:.1%}" in lru
 
 
 def test_bad_flags_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,8 +43,13 @@ class Spec:
 
     def get_manager(self, num_chunks: int) -> CPUOffloadingManager:
         policy = self.extra_config.get("eviction_policy", "lru")
+        # As vLLM's CPUOffloadingSpec reads it: below 2 no admission filter.
+        store_threshold = int(self.extra_config.get("store_threshold", 0))
         return CPUOffloadingManager(
-            num_chunks, cache_policy=policy, cache_policy_module_path=self.extra_config.get("cache_policy_module_path")
+            num_chunks,
+            cache_policy=policy,
+            cache_policy_module_path=self.extra_config.get("cache_policy_module_path"),
+            store_threshold=store_threshold,
         )
 
 
@@ -66,9 +71,10 @@ def offloading_config(extra_config: Mapping[str, Any]) -> Any:
     )
 
 
-def vllm_manager(policy: str, num_chunks: int) -> CPUOffloadingManager:
-    """A manager with one of vLLM's own policies (``lru``, ``arc``)."""
-    return Spec({"eviction_policy": policy}).get_manager(num_chunks)
+def vllm_manager(policy: str, num_chunks: int, store_threshold: int = 0) -> CPUOffloadingManager:
+    """A manager with one of vLLM's own policies (``lru``, ``arc``) and vLLM's admission
+    setting ``store_threshold`` (a chunk is stored on its Nth offer; below 2, always)."""
+    return Spec({"eviction_policy": policy, "store_threshold": store_threshold}).get_manager(num_chunks)
 
 
 class LRUAnchoredPerCall(LRUCachePolicy):
