@@ -6,7 +6,7 @@ vllm`` predicts for it, at three CPU tier sizes; the default against vLLM's defa
 and against vLLM's best setting there, chosen in hindsight; and the cost per policy call of
 the adapter (kvbroker's lru and the default) against vLLM's LRU.
 
-Needs vLLM (the [vllm] extra, in a venv of its own: README, "Inside vLLM")::
+Needs vLLM, in a venv of its own (in the clone: ``python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -e '.[vllm]'``)::
 
     python bench/vllm_offload.py --requests 1000 --no-cost   # try it: under a minute, no GPU
     python bench/vllm_offload.py                             # the whole trace, 1M / 3M / 10M tokens

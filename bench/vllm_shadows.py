@@ -1,6 +1,6 @@
 """What shadows and what-if sizes cost inside vLLM's real CPUOffloadingManager (issue 31).
 
-Needs vLLM (``pip install 'kvbroker[vllm]'``)::
+Needs vLLM, in a venv of its own (in the clone: ``python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -e '.[vllm]'``)::
 
     python bench/vllm_shadows.py                       # the whole trace at 19,531 chunks, 5 runs
     python bench/vllm_shadows.py --size 5859 --repeat 3

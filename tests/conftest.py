@@ -38,7 +38,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Tests marked for an optional extra: what the summary says was not run for want of it.
-EXTRA_MARKERS = {"vllm": "run by .ci/run's vLLM step, in a venv of their own", "ray": "run by .ci/run's Ray step"}
+EXTRA_MARKERS = {
+    "vllm": "run by .ci/run's vLLM step, in a venv of their own",
+    "ray": "run by .ci/run's Ray step",
+    # Not an extra, minutes long: the README's commands on a fresh clone.
+    "readme_run": "run by .ci/run's README commands step",
+}
 DESELECTED = pytest.StashKey[dict[str, int]]()
 
 

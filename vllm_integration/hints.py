@@ -151,7 +151,7 @@ def envelope_dict(message_id: str | None = None, action_id: str | None = None, *
 def intent_envelope(message_id: str | None = None, action_id: str | None = None, **intent: Any) -> Any:
     """vLLM's ``KvHintsEnvelope`` carrying one kvbroker action, for
     ``AsyncLLM.generate(..., kv_hints=...)`` / ``LLMEngine.add_request(..., kv_hints=...)``.
-    Needs vLLM installed (``pip install 'kvbroker[vllm]'``)."""
+    Needs vLLM installed (in the clone: ``python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -e '.[vllm]'``)."""
     from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
 
     d = envelope_dict(message_id, action_id, **intent)

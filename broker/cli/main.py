@@ -26,6 +26,7 @@ from broker.cli.checks import (
     say,
 )
 from broker.config import ConfigError, load_config, parse_config
+from broker.extras import clone_command, install_hint, package_version
 from broker.journal.records import JournalError
 
 
@@ -640,7 +641,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     if args.plot:
         check_writable_dir(args.plot, "--plot")
         if importlib.util.find_spec("matplotlib") is None:
-            raise BadInput("--plot", "needs matplotlib: pip install 'kvbroker[plot]'")
+            raise BadInput("--plot", f"needs matplotlib: {install_hint('plot')}")
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -900,6 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = OneLineParser(
         prog="kvbroker", description="gRPC memory-intent broker for the KV cache of LLM inference servers"
     )
+    parser.add_argument("--version", action="version", version=f"kvbroker {package_version()}", help="print the version and exit")
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("serve", help="run the broker")
@@ -965,7 +967,8 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         metavar="ADDRESS",
         help="run the jobs as Ray tasks on the cluster at ADDRESS (as ray.init takes it: auto, ray://HOST:10001); "
-        "without ADDRESS a local Ray started for the run (needs the extra: pip install 'kvbroker[ray]')",
+        "without ADDRESS a local Ray started for the run (needs the [ray] extra, in a venv of its own: "
+        f"{clone_command('ray')})",
     )
     p.add_argument("--quant", choices=["fp16", "fp8", "int4", "int2"], help="scale block footprints and add dequantization per transfer")
     p.add_argument(

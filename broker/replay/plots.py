@@ -14,6 +14,8 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from broker.extras import install_hint
+
 
 @dataclasses.dataclass
 class Chart:
@@ -108,7 +110,7 @@ def write_plots(records: list[dict[str, Any]], directory: str, title: str = "") 
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'kvbroker[plot]'") from exc
+        raise RuntimeError(f"--plot needs matplotlib: {install_hint('plot')}") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

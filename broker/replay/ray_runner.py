@@ -11,7 +11,7 @@ A task that fails (an exception, or its worker or node lost) is retried ``retrie
 by Ray, then reported by its name (policy, parameters, capacities, source) with the cause;
 the other jobs still finish. Ctrl-C cancels every task not yet done.
 
-Ray is an optional extra (``pip install 'kvbroker[ray]'``): nothing here imports it until
+Ray is an optional extra, in a venv of its own (broker.extras): nothing here imports it until
 a sweep runs on it.
 """
 
@@ -24,12 +24,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker import extras
 from broker.journal import JournalSource
 from broker.journal.redis_urls import is_redis_url
 from broker.replay.preread import SourceData, preread
 from broker.replay.sweep import Job, Source, job_label, run_job
 
-INSTALL_HINT = "--ray needs Ray, an optional extra: pip install 'kvbroker[ray]' (or pip install 'ray>=2.9')"
+
+def install_hint() -> str:
+    """--ray without Ray: the venv of its own that the [ray] extra goes into (broker.extras)."""
+    return "--ray needs Ray (the [ray] extra); " + extras.install_hint("ray", then=".venv-ray/bin/kvbroker replay ... --ray")
+
+
 # Attempts after the first of a failed task (Ray's max_retries; exceptions included).
 RETRIES = 2
 
@@ -58,7 +64,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayMissing(INSTALL_HINT) from None
+        raise RayMissing(install_hint()) from None
     return ray
 
 

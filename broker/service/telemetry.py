@@ -8,15 +8,15 @@ are on, one span.
 
 Series (Prometheus names; OTLP carries the same instrument names):
 
-- ``kvbroker_events_total{kind,policy,config_generation}``: events applied, by kind.
-- ``kvbroker_directives_total{kind,policy,arm,config_generation}``: directives decided;
+- ``kvbroker_events_total{kind,policy}``: events applied, by kind.
+- ``kvbroker_directives_total{kind,policy,arm}``: directives decided;
   ``arm="primary"`` were sent, ``arm="shadow"`` are what a shadow policy would have sent.
-- ``kvbroker_accesses_total{tier,result,policy,arm,config_generation}``: block accesses by
+- ``kvbroker_accesses_total{tier,result,policy,arm}``: block accesses by
   the tier that served them (``dropped``: recomputed); ``result`` is ``hit`` for the top
   tier, else ``miss``. ``arm`` is ``primary`` or ``shadow`` (``policy`` names the shadow).
-- ``kvbroker_decode_critical_accesses_total`` / ``..._misses_total{policy,arm,config_generation}``.
-- ``kvbroker_batches_total``, ``kvbroker_rejected_events_total{policy,config_generation}``.
-- ``kvbroker_batch_seconds{policy,config_generation}``: histogram of the time to decide a
+- ``kvbroker_decode_critical_accesses_total`` / ``..._misses_total{policy,arm}``.
+- ``kvbroker_batches_total``, ``kvbroker_rejected_events_total{policy}``.
+- ``kvbroker_batch_seconds{policy}``: histogram of the time to decide a
   batch (validate, apply to the primary and the shadows, queue the journal record).
 - ``kvbroker_tier_bytes{tier}``, ``kvbroker_tier_blocks{tier}``,
   ``kvbroker_tier_capacity_bytes{tier}``, ``kvbroker_tier_pinned_bytes{tier}``: occupancy now.
@@ -29,18 +29,21 @@ Series (Prometheus names; OTLP carries the same instrument names):
 - ``kvbroker_config_generation{policy}``, ``kvbroker_config_reloads_total``,
   ``kvbroker_streams`` (open client streams).
 
-Attribution to policy and generation: counters are folded from each core (primary and
-shadows) into cumulative totals per (arm, policy, config generation) whenever a reader
-collects, just before a reload (so what ran under the old config stays with it) and before
-the first batch after any other change of policy, generation or shadows. No series ever
-goes down, and a new label set starts at 0.
+Attribution to policy: counters are folded from each core (primary and shadows) into
+cumulative totals per (arm, policy) whenever a reader collects, just before a reload (so
+what ran under the old policy stays with it) and before the first batch after any other
+change of policy, generation or shadows. No series ever goes down, and a new label set
+starts at 0. The config generation is no label (it was one, ``config_generation``, until
+2026-12): every reload started a new time series of every counter, even one that changed
+nothing; the generation in force is the gauge ``kvbroker_config_generation``, and a reload
+that keeps the policy keeps adding to the same series.
 
 Traces (``telemetry.traces``, exported over OTLP): one span ``kvbroker.batch`` per batch with
 ``kvbroker.batch_seq``, ``kvbroker.client_id``, ``kvbroker.events``, ``kvbroker.directives``,
 ``kvbroker.rejections``, ``kvbroker.duplicate``, ``kvbroker.policy`` and
 ``kvbroker.config_generation``, sampled at ``telemetry.traces_sample_ratio``.
 
-OTLP exporters are an optional dependency (``pip install 'kvbroker[otlp]'``); without them
+OTLP exporters are an optional dependency (the ``otlp`` extra: ``.venv/bin/pip install -e '.[otlp]'``); without them
 a config that sets ``telemetry.otlp_endpoint`` is refused at start with that instruction.
 OTLP headers (credentials) are taken from the standard environment variables
 (``OTEL_EXPORTER_OTLP_HEADERS``), never from the config file, so they are never logged.
@@ -59,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.config.errors import ConfigError
 from broker.config.telemetry import TelemetryConfig, validate_telemetry
+from broker.extras import pip_install
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -137,7 +141,7 @@ class _Arm:
 
 
 class CounterFold:
-    """Cumulative totals per (arm, policy, generation, family, label), folded from CoreStats.
+    """Cumulative totals per (arm, policy, family, label), folded from CoreStats.
 
     ``fold`` credits what each watched core's counters gained since the last fold to the
     labels they were gained under, then watches the service's cores as they are now (the
@@ -150,7 +154,7 @@ class CounterFold:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
         self._lock = threading.Lock()
-        self.totals: dict[tuple[str, str, str, _Key], int] = {}
+        self.totals: dict[tuple[str, str, _Key], int] = {}
         self.arms: dict[str, _Arm] = {}
         self._shadows: object = None
         self._sync(keep_baseline=False)
@@ -196,13 +200,13 @@ class CounterFold:
             # increase() see the first event (Prometheus practice: initialize label sets).
             for family_key in baseline:
                 if role in DRIVING_ROLES or family_key[0] not in PRIMARY_ONLY:
-                    self.totals.setdefault((role, arm.policy, str(arm.generation), family_key), 0)
+                    self.totals.setdefault((role, arm.policy, family_key), 0)
         self.arms = arms
 
     def _credit(self) -> None:
         for arm in self.arms.values():
             now = _snapshot(arm.stats, arm.tier_names)
-            labels = (arm.role, arm.policy, str(arm.generation))
+            labels = (arm.role, arm.policy)
             for key, value in now.items():
                 before = arm.baseline.get(key, 0)
                 gained = value - before if value >= before else value  # a reset counts from 0
@@ -235,11 +239,11 @@ class CounterFold:
         with self._lock:
             self._sync(keep_baseline=True)
 
-    def series(self, family: str) -> list[tuple[str, str, str, str, int]]:
-        """(arm role, policy, generation, label, total) of one family, every label set seen."""
+    def series(self, family: str) -> list[tuple[str, str, str, int]]:
+        """(arm role, policy, label, total) of one family, every label set seen."""
         self.fold()
         with self._lock:
-            return [(r, p, g, key[1], n) for (r, p, g, key), n in self.totals.items() if key[0] == family]
+            return [(r, p, key[1], n) for (r, p, key), n in self.totals.items() if key[0] == family]
 
 
 # ---- the installed telemetry -------------------------------------------------------------------
@@ -324,7 +328,7 @@ def _otlp_exporters(config: TelemetryConfig) -> tuple[Any, Any]:
     except ImportError as exc:
         raise ConfigError(
             f"telemetry.otlp_endpoint: OTLP export ({config.otlp_protocol}) needs the package {package}; "
-            f"install it (pip install 'kvbroker[otlp]' or pip install {package}) or remove telemetry.otlp_endpoint ({exc})"
+            f"install it ({pip_install(package)}) or remove telemetry.otlp_endpoint ({exc})"
         ) from exc
     return metric_module.OTLPMetricExporter, span_module.OTLPSpanExporter
 
@@ -347,8 +351,8 @@ def _register_instruments(meter_provider: MeterProvider, service: BrokerService,
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             out = []
             top = fold.top_tier
-            for role, policy, generation, label, total in fold.series(name):
-                attrs: dict[str, str] = {"policy": policy, "config_generation": generation}
+            for role, policy, label, total in fold.series(name):
+                attrs: dict[str, str] = {"policy": policy}
                 if tier:
                     attrs["tier"] = label
                     attrs["result"] = "hit" if label == top else "miss"
@@ -450,15 +454,15 @@ def _hook_batches(service: BrokerService, fold: CounterFold, histogram: Any, tra
     submit = service.submit
     perf = time.perf_counter
     attrs: dict[str, str] = {}
-    key: tuple[str, int] = ("", -1)
+    policy = ""
 
     def timed(batch: BatchReader, raw: bytes) -> tuple[Answer, int]:
-        nonlocal attrs, key
+        nonlocal attrs, policy
         if fold.changed():
             fold.fold()  # credit what the old policy/generation did before the new one acts
-        if key != (fold.policy, fold.generation):
-            key = (fold.policy, fold.generation)
-            attrs = {"policy": fold.policy, "config_generation": str(fold.generation)}
+        if policy != fold.policy:
+            policy = fold.policy
+            attrs = {"policy": policy}
         t0 = perf()
         submitted = submit(batch, raw)
         histogram.record(perf() - t0, attrs)

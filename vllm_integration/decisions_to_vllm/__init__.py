@@ -1,10 +1,12 @@
 """kvbroker -> vLLM: kvbroker's policies deciding the evictions of vLLM's CPU offload tier.
 
 vLLM 0.33's CPU offloading asks a ``CachePolicy`` which chunks to evict; kvbroker's is
-``cache_policy.KvbrokerCachePolicy``, loaded by module path (``broker.offload.vllm_policy``,
-the path older configs name, re-exports it).
+``cache_policy.KvbrokerCachePolicy``, loaded by the name ``kvbroker`` (``plugin``) or by module
+path (``broker.offload.vllm_policy``, the path older configs name, re-exports it).
 
-- ``cache_policy``: the class vLLM loads (imports vLLM); the one module that does.
+- ``cache_policy``: the class vLLM loads (imports vLLM at module level; ``plugin`` imports
+  vLLM's factory when vLLM calls it).
+- ``plugin``: the ``vllm.general_plugins`` entry point that registers the name ``kvbroker``.
 - ``settings``, ``security_env``: the ``kvbroker_*`` keys of kv_connector_extra_config,
   the environment fallback, the sidecar's TLS and token files.
 - ``policy_calls``: vLLM's CachePolicy calls as MemoryIntent events, and the decider seam

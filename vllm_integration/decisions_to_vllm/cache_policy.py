@@ -1,11 +1,13 @@
 """``KvbrokerCachePolicy``: kvbroker's policies deciding vLLM's CPU-offload evictions.
 
-vLLM (0.33) loads it by module path, no patch::
+vLLM (0.33) loads it by the name kvbroker's vLLM plugin registers (plugin.py), no patch::
 
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000,
-        "eviction_policy": "KvbrokerCachePolicy", "cache_policy_module_path": "vllm_integration.decisions_to_vllm.cache_policy",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000, "eviction_policy": "kvbroker",
         "kvbroker_policy": "lru", "kvbroker_journal": "file:///var/lib/kvbroker/vllm-{pid}.journal"}}'
+
+or by module path (``"eviction_policy": "KvbrokerCachePolicy", "cache_policy_module_path":
+"vllm_integration.decisions_to_vllm.cache_policy"``).
 
 vLLM builds a CachePolicy with the chunk count alone (``policy_cls(cache_capacity=n)``,
 vllm/v1/kv_offload/cpu/manager.py). The ``kvbroker_*`` keys are read from the
@@ -222,6 +224,7 @@ class KvbrokerCachePolicy(CachePolicy):
             "policy": self.settings.policy,
             "capacity": self.cache_capacity,
             "rows": self.shadows.rows(),
+            "counters": self.translator.counters(),
         }
 
     def flush(self) -> None:

@@ -21,13 +21,14 @@ import collections
 import contextlib
 import logging
 import multiprocessing
+import pathlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from broker.config import CoreConfig, core_to_json
-from broker.journal import open_journal
+from broker.journal import file_path, open_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.trailer import Trailer
 from broker.model.apply import BatchOutcome, apply_batch
@@ -35,7 +36,7 @@ from broker.model.core import Core
 from broker.model.wire import directive_to_pb, read_batch
 from kvbroker.v1 import directive_pb2 as dpb
 from vllm_integration.decisions_to_vllm import intent_bytes
-from vllm_integration.decisions_to_vllm.settings import TIER, OffloadSettings
+from vllm_integration.decisions_to_vllm.settings import TIER, OffloadSettings, SettingsError
 
 answer_native: Any
 try:
@@ -66,6 +67,19 @@ def directives_payload(client_id: str, seq: int, outcome: BatchOutcome, generati
         accepted_events=outcome.accepted,
         config_generation=generation,
     ).SerializeToString()
+
+
+def start_journal(url: str, stream: str, settings: OffloadSettings, client_id: str) -> JournalThread:
+    """The journal thread of ``kvbroker_journal``; a journal that cannot be opened stops
+    vLLM's start with one line naming the key (a SettingsError), not a lock file's error."""
+    if url.startswith("file://"):
+        folder = pathlib.Path(file_path(url)).parent
+        if not folder.is_dir():
+            raise SettingsError(f"kvbroker_journal: the folder {folder} does not exist ({url}); create it, or name another")
+    try:
+        return JournalThread(url, stream, settings.journal_flush_ms / 1000.0, exit_s=settings.journal_exit_s, client_id=client_id)
+    except (JournalError, OSError) as exc:
+        raise SettingsError(f"kvbroker_journal: cannot open {url}: {exc}") from None
 
 
 class JournalThread:
@@ -108,6 +122,13 @@ class JournalThread:
         if self._error is not None:
             raise self._error
         close_at_exit(self.close)
+
+    @property
+    def pending(self) -> int:
+        """Records appended and not yet written (the journal's lag; read from any thread)."""
+        journal = self._journal
+        queued = sum(1 for item in list(self._queue) if not isinstance(item, threading.Event))
+        return queued + (int(journal.pending) if journal is not None else 0)
 
     def append(self, record: JournalRecord | Directives) -> None:
         """Queue a record, or a batch's directives as (client id, batch seq, outcome, generation)."""
@@ -292,9 +313,7 @@ class EmbeddedCore:
         self.journal: JournalThread | None = None
         if url != "none":
             stream = settings.journal_stream.replace("{client}", self.client_id)
-            self.journal = JournalThread(
-                url, stream, settings.journal_flush_ms / 1000.0, exit_s=settings.journal_exit_s, client_id=self.client_id
-            )
+            self.journal = start_journal(url, stream, settings, self.client_id)
             # A start is an empty CPU tier: on a journal an earlier run of this engine wrote,
             # that run's chunks go (before the config, which may size the tier anew).
             self.apply([intent_bytes.cleared(intent_bytes.timestamp(time.time_ns() // 1000))])

@@ -271,6 +271,26 @@ class Translator:
             return None
         return [ev for ev in evs if intent_bytes.readable(intent_bytes.batch(head, 1, [ev]))]
 
+    def counters(self) -> dict[str, Any]:
+        """What the metrics export (report.COUNTERS): evictions, the journal's progress and
+        lag, the config generation and, in sidecar mode, the fallback's decisions by reason."""
+        st = self.stats
+        journal = self.local.journal
+        out: dict[str, Any] = {
+            "evictions_asked": st.evictions_asked,
+            "evictions_refused": st.evictions_refused,
+            "chunks_evicted": st.chunks_evicted,
+            "errors": st.errors,
+            "journal_written": journal.written if journal is not None else 0,
+            "journal_pending": journal.pending if journal is not None else 0,
+            "config_generation": self.local.generation,
+        }
+        decider_counters = getattr(self.decider, "counters", None)
+        fallbacks = decider_counters() if callable(decider_counters) else {}
+        by_reason = {k: v for k, v in fallbacks.items() if k.startswith("fallback_") and k != "fallback_decisions"}
+        out["fallbacks"] = {k[len("fallback_") :]: int(v) for k, v in by_reason.items()}
+        return out
+
     def report(self) -> None:
         """Log the counters (every REPORT_MS while vLLM calls)."""
         st = self.stats

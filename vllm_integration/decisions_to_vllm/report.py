@@ -39,6 +39,18 @@ LABELS: Final = ("role", "policy", "capacity", "sample_rate")
 # The longest close() waits for the thread to end a write in progress (a hung disk must
 # not hold vLLM's exit for long).
 JOIN_S: Final = 2.0
+# The snapshot's "counters" (Translator.counters) as Prometheus families: name, key, help,
+# counter or gauge. Fallbacks (sidecar mode) are one family by reason, below.
+COUNTERS: Final = (
+    ("kvbroker_vllm_evictions_asked", "evictions_asked", "Evictions vLLM asked of the policy", "counter"),
+    ("kvbroker_vllm_evictions_refused", "evictions_refused", "Evictions the policy refused (too few chunks evictable)", "counter"),
+    ("kvbroker_vllm_chunks_evicted", "chunks_evicted", "Chunks the policy evicted from vLLM's CPU tier", "counter"),
+    ("kvbroker_vllm_errors", "errors", "Batches or decisions that failed (logged)", "counter"),
+    ("kvbroker_vllm_journal_written", "journal_written", "Journal records written", "counter"),
+    ("kvbroker_vllm_journal_pending", "journal_pending", "Journal records recorded, not yet written (the journal's lag)", "gauge"),
+    ("kvbroker_vllm_config_generation", "config_generation", "Config generation in force (a settings file switch adds one)", "gauge"),
+)
+FALLBACKS: Final = "kvbroker_vllm_fallbacks"
 
 
 def rate_label(rate: float) -> str:
@@ -91,33 +103,42 @@ class SnapshotCollector:
         try:
             snapshot = self._snapshot_fn()
             rows = [(tuple(self._labels(row)), int(row["hits"]), int(row["asked"]), float(row["hit_ratio"])) for row in snapshot["rows"]]
+            counters = dict(snapshot.get("counters", {}))
         except Exception:
             # A scrape sees nothing rather than an HTTP 500 with a traceback on stderr; vLLM's
             # log says why, once.
             if not self._failed:
                 log.exception("kvbroker metrics: the snapshot could not be read; the scrape gets no kvbroker figures")
             self._failed = True
-            rows = []
-        hits, lookups, ratio = self._families()
+            rows, counters = [], {}
+        hits, lookups, ratio, *scalars, fallbacks = self._families()
         for labels, h, a, r in rows:
             hits.add_metric(labels, h)
             lookups.add_metric(labels, a)
             ratio.add_metric(labels, r)
-        yield from (hits, lookups, ratio)
+        for family, (_, key, _, _) in zip(scalars, COUNTERS, strict=True):
+            if key in counters:
+                family.add_metric([], float(counters[key]))
+        for reason, n in sorted(dict(counters.get("fallbacks", {})).items()):
+            fallbacks.add_metric([str(reason)], float(n))
+        yield from (hits, lookups, ratio, *scalars, fallbacks)
 
     @staticmethod
     def _labels(row: Mapping[str, Any]) -> list[str]:
         return [str(row["role"]), str(row["policy"]), str(int(row["capacity"])), rate_label(row.get("sample_rate", 1.0))]
 
     @staticmethod
-    def _families() -> tuple[Any, Any, Any]:
+    def _families() -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        return (
+        kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+        return [
             CounterMetricFamily("kvbroker_vllm_hits", "Chunks a policy found in the CPU tier (sampled rows: of the sample)", labels=LABELS),
             CounterMetricFamily("kvbroker_vllm_lookups", "Chunks asked of a policy (sampled rows: of the sample)", labels=LABELS),
             GaugeMetricFamily("kvbroker_vllm_hit_ratio", "hits / lookups", labels=LABELS),
-        )
+            *(kinds[kind](name, text, labels=[]) for name, _, text, kind in COUNTERS),
+            CounterMetricFamily(FALLBACKS, "Evictions the local fallback decided in sidecar mode, by reason", labels=["reason"]),
+        ]
 
 
 class Reporter:

@@ -78,7 +78,7 @@ async def test_scraped_metrics_equal_what_was_sent_and_what_the_broker_reports(m
     assert url is not None and url.startswith("http://127.0.0.1:")  # bound to loopback by default
     samples = await asyncio.to_thread(scrape, url)
     stats: spb.GetStatsResponse = await asyncio.to_thread(get_stats, metered.target)
-    gen1 = {"policy": "lru", "config_generation": "1"}
+    gen1 = {"policy": "lru"}
 
     events = series(samples, "kvbroker_events_total")
     # What the client sent...
@@ -131,15 +131,15 @@ async def test_a_policy_swap_starts_new_series_and_never_rewrites_the_old_ones(m
     await drive(metered.target, client_id="engine-2", first_block=100)
     after = await asyncio.to_thread(scrape, url)
 
-    old = labels(kind="allocated", policy="lru", config_generation="1")
-    new = labels(kind="allocated", policy="fifo", config_generation="2")
+    old = labels(kind="allocated", policy="lru")
+    new = labels(kind="allocated", policy="fifo")
     events = series(after, "kvbroker_events_total")
     assert events[old] == series(before, "kvbroker_events_total")[old] == 20
     assert events[new] == 20
     assert series(after, "kvbroker_config_generation") == {labels(policy="fifo"): 2}
     assert series(after, "kvbroker_batch_seconds_count") == {
-        labels(policy="lru", config_generation="1"): 5,
-        labels(policy="fifo", config_generation="2"): 5,
+        labels(policy="lru"): 5,
+        labels(policy="fifo"): 5,
     }
     # Counters never go down across the swap.
     for key, value in before.items():
@@ -167,9 +167,9 @@ async def test_a_reload_with_a_shadow_gives_new_labels_and_a_shadow_arm(tmp_path
         stats: spb.GetStatsResponse = await asyncio.to_thread(get_stats, broker.target)
 
     events = series(after, "kvbroker_events_total")
-    old = labels(kind="allocated", policy="lru", config_generation="1")
+    old = labels(kind="allocated", policy="lru")
     assert events[old] == series(before, "kvbroker_events_total")[old] == 20
-    assert events[labels(kind="allocated", policy="fifo", config_generation="2")] == 20
+    assert events[labels(kind="allocated", policy="fifo")] == 20
     assert not any(dict(lab).get("arm") for lab in events)  # events are the same for every arm
     assert series(after, "kvbroker_config_generation") == {labels(policy="fifo"): 2}
     assert series(after, "kvbroker_config_reloads_total") == {labels(): 1}
@@ -183,10 +183,32 @@ async def test_a_reload_with_a_shadow_gives_new_labels_and_a_shadow_arm(tmp_path
     assert arms == {("primary", "fifo"): 4, ("shadow", "lru"): 2}
     assert per_arm[("primary", "lru")] + per_arm[("primary", "fifo")] == arms[("primary", "fifo")]
     assert per_arm[("shadow", "lru")] == arms[("shadow", "lru")]
-    shadow_gen = {dict(lab)["config_generation"] for lab in accesses if dict(lab)["arm"] == "shadow"}
-    assert shadow_gen == {"2"}
+    assert not any("config_generation" in dict(lab) for lab in accesses)
     shadow_directives = {lab for lab in series(after, "kvbroker_directives_total") if dict(lab)["arm"] == "shadow"}
     assert {dict(lab)["kind"] for lab in shadow_directives} == {"evict", "demote", "promote", "prefetch"}
+
+
+async def test_a_reload_that_keeps_the_policy_starts_no_new_series(tmp_path: Path) -> None:
+    """The config generation is a gauge, not a label: reloads (here two, the policy kept, the
+    DRAM tier resized) add to the same series instead of starting new ones at every reload."""
+    journal = f'[journal]\nurl = "file://{tmp_path}/broker.journal"\n'
+    text = f'[broker]\nlisten = "127.0.0.1:0"\n[policy]\nname = "lru"\n{journal}{SMALL_TIERS}'
+    async with ops_broker(parse_config(text), telemetry_config=TelemetryConfig(prometheus_port=free_port())) as broker:
+        url = broker.telemetry.metrics_url
+        assert url is not None
+        await drive(broker.target)
+        before = await asyncio.to_thread(scrape, url)
+        for dram in ("3000", "2000"):
+            reply = broker.service.reload(text.replace("capacity = 2000", f"capacity = {dram}"))
+            assert reply.ok, reply.error
+        await drive(broker.target, client_id="engine-2", first_block=100)
+        after = await asyncio.to_thread(scrape, url)
+    assert series(after, "kvbroker_config_generation") == {labels(policy="lru"): 3}
+    names = {name for name, _ in after if name != "kvbroker_config_generation"}
+    for name in names:
+        assert set(series(after, name)) == set(series(before, name)), name  # the same label sets
+    assert series(after, "kvbroker_events_total")[labels(kind="allocated", policy="lru")] == 40
+    assert series(after, "kvbroker_batches_total") == {labels(policy="lru"): 10}
 
 
 async def test_stop_unhooks_the_batch_path_and_closes_the_metrics_port(tmp_path: Path) -> None:

@@ -60,10 +60,20 @@ def test_metrics_and_status_file_show_what_the_policy_counted_in_vllm(tmp_path: 
 
     labels = f'capacity="{CAPACITY}",policy="lru",role="decider",sample_rate="1"'
     got = scrape(policy.reporter.metrics_url)
+    counters = policy.translator.counters()
+    stats = policy.translator.stats
+    assert counters["chunks_evicted"] == stats.chunks_evicted > 0 and counters["fallbacks"] == {}  # embedded: no fallback
     assert got == {
         f"kvbroker_vllm_hits_total{{{labels}}}": row["hits"],
         f"kvbroker_vllm_lookups_total{{{labels}}}": row["asked"],
         f"kvbroker_vllm_hit_ratio{{{labels}}}": row["hit_ratio"],
+        "kvbroker_vllm_chunks_evicted_total": stats.chunks_evicted,
+        "kvbroker_vllm_evictions_asked_total": stats.evictions_asked,
+        "kvbroker_vllm_evictions_refused_total": stats.evictions_refused,
+        "kvbroker_vllm_errors_total": 0,
+        "kvbroker_vllm_journal_written_total": 0,  # no journal here
+        "kvbroker_vllm_journal_pending": 0,
+        "kvbroker_vllm_config_generation": 1,
     }
 
     policy.close()  # as at vLLM's exit: the last line and the last status file
