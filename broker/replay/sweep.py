@@ -174,18 +174,11 @@ def chunk_capacities(job: Job) -> dict[str, int] | None:
     if job.source.engine:
         chunk_bytes = ENGINE_CHUNK_TOKENS * job.source.options.bytes_per_token
         return {t.name: t.capacity_bytes // chunk_bytes for t in job.config.tiers}
+    from broker.replay.engine_vllm import is_vllm_cpu_tier  # the door to vllm_integration
+
     if job.source.journal is not None and is_vllm_cpu_tier(job.config):
         return {t.name: t.capacity_bytes for t in job.config.tiers}
     return None
-
-
-def is_vllm_cpu_tier(config: CoreConfig) -> bool:
-    """Whether a journal's config is the one kvbroker's CachePolicy runs inside vLLM: one
-    tier named as its CPU tier, full before it evicts (vLLM makes room itself)."""
-    from vllm_integration.decisions_to_vllm.settings import TIER
-
-    (tier, *more) = config.tiers
-    return not more and tier.name == TIER and tier.high_watermark == tier.low_watermark == 1.0
 
 
 def count_journal(source: Source) -> tuple[int | None, int | None]:
