@@ -501,6 +501,10 @@ class VllmBridge:
         self.config = config
         # Fail early on a model that cannot be sized.
         self.shape = None if config.block_bytes is not None else resolve_model(config.model)
+        if self.shape is not None:  # which geometry sizes the blocks, and where it was read
+            where = kvsize.model_config_source(config.model) or "the built-in table"
+            shape = self.shape
+            log.info("model %s: %d layers, %d KV heads of %d, from %s", config.model, shape.layers, shape.kv_heads, shape.head_dim, where)
         self.ctx = zmq.asyncio.Context()
         self.capture: CaptureWriter | None = None
         # Called with the stats snapshot every stats_interval_s.
