@@ -273,7 +273,10 @@ def _known_events(jobs: list[Job]) -> dict[str, int]:
     share done and time left from its start, not once a job of each source has ended."""
     known = {}
     for source in {job.source.label: job.source for job in jobs}.values():
-        events = count_journal(source)[1]
+        try:
+            events = count_journal(source)[1]
+        except Exception:  # progress only: a source not counted here is known once a job ends (its job says any error)
+            continue
         if events:
             known[source.label] = events
     return known
