@@ -256,7 +256,10 @@ def get_model(name: str) -> ModelShape:
     key = ALIASES.get(key, key)
     shape = MODELS.get(key)
     if shape is None:
-        raise UnknownModelError(f"unknown model {name!r} (known: {', '.join(known_models())}; or give a path to a config.json)")
+        raise UnknownModelError(
+            f"unknown model {name!r}: not in the local Hugging Face cache ({hf_hub_cache()}) nor the built-in table "
+            f"({', '.join(known_models())}); give a path to its config.json"
+        )
     return shape
 
 
@@ -364,8 +367,62 @@ def shape_from_config_json(path_or_dict: str | os.PathLike[str] | Mapping[str, A
     )
 
 
+def hf_hub_cache() -> str:
+    """The local Hugging Face hub cache, where huggingface_hub puts it (HF_HUB_CACHE, the
+    older HUGGINGFACE_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, then
+    ~/.cache/huggingface/hub); read without the library."""
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(variable):
+            return os.path.expanduser(os.environ[variable])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "huggingface", "hub")
+
+
+def cached_config_json(model: str) -> str | None:
+    """The config.json of Hugging Face id ``model`` (``org/name``) in the local hub cache: the
+    snapshot ``refs/main`` names, else the newest one that has it; None when not cached. The
+    folder is matched case-insensitively, as the hub matches ids."""
+    if model.count("/") != 1:
+        return None
+    hub = hf_hub_cache()
+    wanted = "models--" + model.replace("/", "--")
+    try:
+        folders = [f for f in os.listdir(hub) if f.lower() == wanted.lower()]
+    except OSError:
+        return None
+    for folder in sorted(folders, key=lambda f: f != wanted):  # the exact spelling first
+        snapshots = os.path.join(hub, folder, "snapshots")
+        try:
+            with open(os.path.join(hub, folder, "refs", "main"), encoding="utf-8") as f:
+                main = os.path.join(snapshots, f.read().strip(), "config.json")
+            if os.path.isfile(main):
+                return main
+        except OSError:
+            pass
+        try:
+            found = [os.path.join(snapshots, s, "config.json") for s in os.listdir(snapshots)]
+        except OSError:
+            continue
+        found = [path for path in found if os.path.isfile(path)]
+        if found:
+            return max(found, key=os.path.getmtime)
+    return None
+
+
+def model_config_source(model: str) -> str | None:
+    """Where ``resolve_shape`` reads a model's geometry: a config.json path, or None for the
+    built-in table."""
+    if os.path.exists(model):
+        return os.path.join(model, "config.json") if os.path.isdir(model) else model
+    return cached_config_json(model)
+
+
 def resolve_shape(model: str) -> ModelShape:
-    """A config.json path (or model directory) when one exists there, else a known model name.
+    """A model's geometry from its config.json: a path (or model directory), or a Hugging
+    Face id in the local hub cache (Qwen3, Llama-3.1 and any other model vLLM has run
+    here); else the built-in table (MODELS, by name or id).
 
     Raises ValueError (UnknownModelError for a name that is neither) with a message for the user.
     """
@@ -374,4 +431,7 @@ def resolve_shape(model: str) -> ModelShape:
     if model.endswith(".json"):
         # Clearly meant as a file: say it is missing rather than listing model names.
         raise ValueError(f"{model}: no such file")
+    cached = cached_config_json(model)
+    if cached is not None:
+        return shape_from_config_json(cached, name=model)
     return get_model(model)

@@ -47,12 +47,19 @@ EXTRA_MARKERS = {
 DESELECTED = pytest.StashKey[dict[str, int]]()
 
 
+def _left_out(config: pytest.Config, marker: str) -> bool:
+    """Whether this run leaves the extra's tests out: ``-m 'not vllm'`` (the default), or
+    Ray not importable. Not ``-k`` choosing other tests, nor the vLLM step's ``-m vllm``."""
+    expression = " ".join(str(config.option.markexpr or "").split())
+    return f"not {marker}" in expression or (marker == "ray" and importlib.util.find_spec("ray") is None)
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
-    """Count the deselected tests of each extra (by ``-m 'not vllm'`` or for want of Ray)."""
+    """Count the deselected tests of each extra this run leaves out."""
     for item in items:
         counts = item.config.stash.setdefault(DESELECTED, {})
         marker = next((name for name in EXTRA_MARKERS if item.get_closest_marker(name) is not None), None)
-        if marker is not None:
+        if marker is not None and _left_out(item.config, marker):
             counts[marker] = counts.get(marker, 0) + 1
 
 

@@ -32,9 +32,17 @@ from broker.replay.traces import SkipCounter, TraceError
 from broker.replay.traces.mooncake import read_requests
 from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
 from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager, TraceTimeTranslator
-from vllm_integration.decisions_to_vllm.settings import OffloadSettings
+from vllm_integration.decisions_to_vllm.settings import TIER, OffloadSettings
 
 ENGINES = ("vllm",)
+
+
+def is_vllm_cpu_tier(config: CoreConfig) -> bool:
+    """Whether a journal's config is the one kvbroker's CachePolicy runs inside vLLM
+    (``OffloadSettings.core_config``): one tier named as its CPU tier, of one-byte chunks,
+    full before it evicts (vLLM makes room itself)."""
+    (tier, *more) = config.tiers
+    return not more and tier.name == TIER and tier.high_watermark == tier.low_watermark == 1.0
 
 
 def chunk_key(hash_id: str | int) -> bytes:

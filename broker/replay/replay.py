@@ -389,7 +389,10 @@ def format_table(records: list[dict[str, Any]]) -> str:
         headers.append("params")
     if show_caps:
         headers.append("capacity")
-    headers += ["events", "accesses", "hit_rate", "prefix_hit", "dc_miss", "dl_miss", "p50_us", "p99_us"]
+    # In vLLM's CPU tier every access is to a chunk vLLM holds: hit_rate is 1.0 on every row
+    # there, and vLLM's figure is prefix_hit (chunks its prefix lookups hit over chunks asked).
+    show_hit_rate = not records or not all(r.get("capacity_chunks") for r in records)
+    headers += ["events", "accesses", *(["hit_rate"] if show_hit_rate else []), "prefix_hit", "dc_miss", "dl_miss", "p50_us", "p99_us"]
     headers += ["demotes", "drops", "prefetch", "MiB_moved", "verified"]
     rows = []
     for rec in records:
@@ -403,7 +406,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         row += [
             str(rec["events"]),
             str(rec["accesses"]),
-            f"{rec['hit_rate']:.4f}",
+            *([f"{rec['hit_rate']:.4f}"] if show_hit_rate else []),
             f"{rec['prefix_hit_rate']:.4f}" if rec["prompt_blocks"] else "-",
             f"{rec['dc_miss_rate']:.4f}" if rec["dc_accesses"] else "-",
             f"{rec['deadline_miss_rate']:.4f}" if rec["deadline_accesses"] else "-",
@@ -485,6 +488,9 @@ def capacity_text(capacity_bytes: int, bytes_per_token: int | None) -> str:
 def _capacity_label(rec: dict[str, Any]) -> str:
     tokens = rec.get("capacity_tokens")
     first = next(iter(rec["capacity_bytes"]))
+    chunks = rec.get("capacity_chunks")
+    if chunks:  # vLLM's CPU tier counts chunks (broker.replay.sweep.chunk_capacities)
+        return f"{first}={chunks[first]:,} chunks"
     if tokens:
         return f"{first}={tokens[first]:,}tok"
     return f"{first}={capacity_text(rec['capacity_bytes'][first], None)}"

@@ -152,6 +152,7 @@ def run_job(job: Job, progress: bool = False, data: SourceData | None = None) ->
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
     bpt = job.source.options.bytes_per_token
     record["capacity_tokens"] = {t.name: t.capacity_bytes // bpt for t in job.config.tiers} if job.source.journal is None else None
+    record["capacity_chunks"] = chunk_capacities(job)
     record["skipped_lines"] = skipped
     record["engine"] = job.source.engine or None
     record["intent"] = "stripped" if job.source.ablate_intent else "full"
@@ -159,6 +160,25 @@ def run_job(job: Job, progress: bool = False, data: SourceData | None = None) ->
     if result.first_mismatch:
         record["first_mismatch"] = result.first_mismatch
     return record
+
+
+# Mooncake's hash ids name 512-token blocks: one chunk of vLLM's CPU tier each (--engine vllm).
+ENGINE_CHUNK_TOKENS = 512
+
+
+def chunk_capacities(job: Job) -> dict[str, int] | None:
+    """Tier name -> capacity in chunks, where the unit is vLLM's CPU tier's chunk: with
+    ``--engine vllm`` (a chunk of 512 tokens), and for a journal that kvbroker's policy
+    wrote inside vLLM (its one tier of one-byte chunks, vllm_integration's core_config):
+    there 1,953 chunks read as ``cpu=1.91KiB``. None elsewhere."""
+    if job.source.engine:
+        chunk_bytes = ENGINE_CHUNK_TOKENS * job.source.options.bytes_per_token
+        return {t.name: t.capacity_bytes // chunk_bytes for t in job.config.tiers}
+    from broker.replay.engine_vllm import is_vllm_cpu_tier  # the door to vllm_integration
+
+    if job.source.journal is not None and is_vllm_cpu_tier(job.config):
+        return {t.name: t.capacity_bytes for t in job.config.tiers}
+    return None
 
 
 def count_journal(source: Source) -> tuple[int | None, int | None]:
@@ -253,7 +273,10 @@ def _known_events(jobs: list[Job]) -> dict[str, int]:
     share done and time left from its start, not once a job of each source has ended."""
     known = {}
     for source in {job.source.label: job.source for job in jobs}.values():
-        events = count_journal(source)[1]
+        try:
+            events = count_journal(source)[1]
+        except Exception:  # progress only: a source not counted here is known once a job ends (its job says any error)
+            continue
         if events:
             known[source.label] = events
     return known
@@ -308,5 +331,8 @@ def _caps(job: Job) -> str:
     """The capacities as the table names them (broker.replay.replay.capacity_text): in
     tokens for a trace, whose sizes are given in tokens, in bytes for a journal."""
     suffix = " (intent stripped)" if job.source.ablate_intent else ""
+    chunks = chunk_capacities(job)
+    if chunks is not None:
+        return " ".join(f"{name}={n:,} chunks" for name, n in chunks.items()) + suffix
     per_token = job.source.options.bytes_per_token if job.source.journal is None else None
     return " ".join(f"{t.name}={capacity_text(t.capacity_bytes, per_token)}" for t in job.config.tiers) + suffix

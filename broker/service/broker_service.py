@@ -35,6 +35,7 @@ from broker.model.arms import Driving, SplitArms
 from broker.model.core import Core
 from broker.model.stats import CoreStats
 from broker.model.wire import BatchReader, directive_to_pb, read_batch
+from broker.service.policy_counters import PolicyBaseline
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -104,9 +105,10 @@ def answer_bytes(batch: BatchReader | pb.IntentBatch, outcome: BatchOutcome, gen
     return encode(batch.client_id, batch.batch_seq, outcome.directives, outcome.accepted, outcome.duplicate, generation)
 
 
-def arm_stats(name: str, role: str, core: Core) -> spb.ArmStats:
-    """What one policy did: the primary arm or a shadow, side by side in GetStats."""
-    s = core.stats
+def arm_stats(name: str, role: str, core: Core, stats: CoreStats | None = None) -> spb.ArmStats:
+    """What one policy did: the primary arm or a shadow, side by side in GetStats
+    (``stats``: the counters to report, by default the core's)."""
+    s = core.stats if stats is None else stats
     return spb.ArmStats(
         name=name,
         policy=core.policy_name,
@@ -154,6 +156,7 @@ class BrokerService:
         first = next((i for i, r in enumerate(records) if r.kind == RecordKind.CONFIG), None)
         start = recovered_config(records, first) if first is not None else config.core
         self.driving = Driving(start, records[first].generation if first is not None else 1)
+        self.policy_baseline = PolicyBaseline()  # kvbroker ab: the primary's counters since its policy took over
         for i, record in enumerate(records):
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
@@ -204,7 +207,9 @@ class BrokerService:
         return self.driving.config
 
     def _follow(self, config: CoreConfig, generation: int, force: bool = False) -> None:
+        before = self.policy_baseline.around_change(self.core)
         self.driving.follow(config, generation, force=force)
+        self.policy_baseline.after_change(before, self.core)
 
     def driving_cores(self) -> dict[str, Core]:
         """The cores that drive clients: the one core, or every split arm by name."""
@@ -226,6 +231,18 @@ class BrokerService:
         arms: dict[str, tuple[str, Core]] = {"primary": ("primary", self.core)}
         arms.update((f"shadow:{name}", ("shadow", core)) for name, core in self.shadows.items())
         return arms
+
+    def ab_arms(self) -> list[spb.ArmStats]:
+        """``kvbroker ab``'s rows: the primary's counters since its policy took over (after
+        deadline_edf -> arc -> lru, lru's alone), each shadow's, but not a shadow of the
+        primary's own policy, a twin of the primary row."""
+        rows = []
+        for key, (role, core) in self.arm_cores().items():
+            if role == "shadow" and core.policy_name == self.core.policy_name:
+                continue
+            stats = self.policy_baseline.stats(core) if role == "primary" else core.stats
+            rows.append(arm_stats(key.partition(":")[2] or core.policy_name, role, core, stats))
+        return rows
 
     def _journal_config(self) -> None:
         self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core_config).encode()))
@@ -272,11 +289,13 @@ class BrokerService:
                     raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
             if new.core != self.core_config or new.core.policy.shadows != tuple(self.shadows):
                 previous, generation = self.core_config, self.generation
+                baseline = self.policy_baseline.base
                 self._follow(new.core, generation + 1, force=True)
                 try:
                     self._set_shadows(new.core)
                 except ConfigError:
                     self._follow(previous, generation, force=True)
+                    self.policy_baseline.base = baseline  # as if the refused reload never was
                     raise
                 self._journal_config()
         except ConfigError as exc:
@@ -442,5 +461,5 @@ class BrokerService:
             refused_batches=self.refused_batches,
             refused_streams=self.refused_streams,
             revoked_streams=self.revoked_streams,
-            arms=[arm_stats(key.partition(":")[2] or core.policy_name, role, core) for key, (role, core) in self.arm_cores().items()],
+            arms=self.ab_arms(),
         )

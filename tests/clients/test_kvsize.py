@@ -398,3 +398,72 @@ def test_size_flags_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str]
         with pytest.raises(SystemExit):
             parse(["size", "--model", "llama-3-8b", *bad])
     capsys.readouterr()
+
+
+# Qwen3-8B's config.json as published (the fields that size its KV cache).
+QWEN3_8B = {
+    "_name_or_path": "Qwen/Qwen3-8B",
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "sliding_window": None,
+    "use_sliding_window": False,
+}
+
+
+def hub_snapshot(hub: pathlib.Path, model: str, config: dict[str, Any], revision: str = "abc123", main: bool = True) -> pathlib.Path:
+    """A model as huggingface_hub caches it: models--ORG--NAME/snapshots/REV/config.json."""
+    folder = hub / ("models--" + model.replace("/", "--"))
+    path = folder / "snapshots" / revision / "config.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(config))
+    if main:
+        (folder / "refs").mkdir(exist_ok=True)
+        (folder / "refs" / "main").write_text(revision)
+    return path
+
+
+def test_a_model_in_the_local_hugging_face_cache_is_read_from_its_config(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-bridge --model and size --model knew 9 models (no Qwen3, no Llama-3.1): a model
+    vLLM has run here is in the hub cache, with its config.json."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    path = hub_snapshot(tmp_path, "Qwen/Qwen3-8B", QWEN3_8B)
+    with pytest.raises(kvsize.UnknownModelError):
+        get_model("Qwen/Qwen3-8B")  # not in the table
+    shape = kvsize.resolve_shape("Qwen/Qwen3-8B")
+    assert (shape.name, shape.layers, shape.kv_heads, shape.head_dim, shape.attention) == ("Qwen/Qwen3-8B", 36, 8, 128, "gqa")
+    assert bytes_per_token(shape) == 36 * 8 * 128 * 2 * 2
+    assert kvsize.model_config_source("qwen/qwen3-8b") == str(path)  # ids match case-insensitively, as on the hub
+    # The cache's config wins over the table for a model both know; the table is the fallback.
+    table = get_model("meta-llama/Meta-Llama-3-8B")
+    assert kvsize.resolve_shape("meta-llama/Meta-Llama-3-8B") == table and kvsize.model_config_source("meta-llama/Meta-Llama-3-8B") is None
+    hub_snapshot(tmp_path, "meta-llama/Meta-Llama-3-8B", {"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8})
+    assert kvsize.resolve_shape("meta-llama/Meta-Llama-3-8B").layers == 2
+
+
+def test_the_hub_cache_follows_huggingface_hubs_variables(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert kvsize.hf_hub_cache() == str(tmp_path / ".cache" / "huggingface" / "hub")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert kvsize.hf_hub_cache() == str(tmp_path / "hf" / "hub")
+    # No refs/main: the newest snapshot holding a config.json.
+    hub_snapshot(tmp_path / "hf" / "hub", "meta-llama/Llama-3.1-8B", {**QWEN3_8B, "num_hidden_layers": 32}, main=False)
+    assert kvsize.resolve_shape("meta-llama/Llama-3.1-8B").layers == 32
+    with pytest.raises(kvsize.UnknownModelError, match="not in the local Hugging Face cache"):
+        kvsize.resolve_shape("Qwen/Qwen3-32B")
+
+
+def test_vllm_bridge_sizes_blocks_from_a_cached_model(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_integration.events_from_vllm.bridge_cli import _check_paths
+    from vllm_integration.events_from_vllm.to_intents import resolve_model
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    args = argparse.Namespace(model="Qwen/Qwen3-8B", capture=None, stats_file=None)
+    assert _check_paths(args) is not None and "Qwen/Qwen3-8B" in str(_check_paths(args))  # not cached: refused, named
+    hub_snapshot(tmp_path, "Qwen/Qwen3-8B", QWEN3_8B)
+    assert _check_paths(args) is None
+    assert resolve_model("Qwen/Qwen3-8B").layers == 36

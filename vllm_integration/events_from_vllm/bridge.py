@@ -118,6 +118,9 @@ class BridgeConfig:
     # Every this many seconds: the stats snapshot to on_stats and to stats_file (0: never).
     stats_interval_s: float = 0.0
     stats_file: str | None = None
+    # A rank that has received nothing this long is said in a warning (0: never): a bridge
+    # pointed at the wrong port, or at a vLLM without --kv-events-config, waited silently.
+    quiet_warning_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.dp_size < 1:
@@ -129,6 +132,8 @@ class BridgeConfig:
             raise ValueError("replay_timeout_s must be > 0")
         if self.stats_interval_s < 0:
             raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")
+        if self.quiet_warning_s < 0:
+            raise ValueError(f"quiet_warning_s must be >= 0, got {self.quiet_warning_s}")
 
     @property
     def ranks(self) -> range:
@@ -450,6 +455,31 @@ class RankBridge:
     def _on_directive(self, directive: dpb.Directive) -> None:
         self.stats.directives_ignored += 1
 
+    def summary(self) -> str:
+        """The rank's counters as a person reads them, in one line."""
+        s, client = self.stats, self.client
+        line = f"rank {self.rank}: {s.received:,} batches received, {s.applied:,} applied, {len(self.translator.held):,} blocks held"
+        trouble = {"lost": s.lost_batches, "restarts": s.restarts, "bad frames": s.bad_frames, "disconnects": s.disconnects}
+        line += "".join(f", {n:,} {what}" for what, n in trouble.items() if n)
+        state = "connected" if client.connected else "NOT connected"
+        return f"{line}; broker {state}, {client.unanswered:,} unanswered"
+
+    async def warn_when_quiet(self, after_s: float) -> None:
+        """Warn, once, when nothing has come from the engine ``after_s`` seconds after the
+        start: what vLLM must run with for the bridge to receive anything."""
+        await asyncio.sleep(after_s)
+        if self.stats.received == 0:
+            log.warning(
+                "rank %d: nothing received from %s in %.0f s: is vLLM running with --kv-events-config "
+                '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:PORT"%s} (this rank: PORT + %d)? '
+                "still waiting",
+                self.rank,
+                self.events_endpoint,
+                after_s,
+                f', "topic": "{self.config.topic}"' if self.config.topic else "",
+                self.rank,
+            )
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -471,6 +501,10 @@ class VllmBridge:
         self.config = config
         # Fail early on a model that cannot be sized.
         self.shape = None if config.block_bytes is not None else resolve_model(config.model)
+        if self.shape is not None:  # which geometry sizes the blocks, and where it was read
+            where = kvsize.model_config_source(config.model) or "the built-in table"
+            shape = self.shape
+            log.info("model %s: %d layers, %d KV heads of %d, from %s", config.model, shape.layers, shape.kv_heads, shape.head_dim, where)
         self.ctx = zmq.asyncio.Context()
         self.capture: CaptureWriter | None = None
         # Called with the stats snapshot every stats_interval_s.
@@ -505,6 +539,9 @@ class VllmBridge:
         log.info("bridging %d rank(s) to %s; tiers %s", len(self.ranks), self.config.broker, format_tier_map(self.config.tier_map))
         tasks = [asyncio.create_task(rank.run(), name=f"vllm-bridge rank {rank.rank}") for rank in self.ranks]
         reporter = asyncio.create_task(self._report_every())
+        if self.config.quiet_warning_s > 0:
+            quiet = self.config.quiet_warning_s
+            reporter = asyncio.create_task(self._watch(reporter, [rank.warn_when_quiet(quiet) for rank in self.ranks]))
         stopper = asyncio.create_task(stop.wait())
         failure: BaseException | None = None
         try:
@@ -542,6 +579,14 @@ class VllmBridge:
         log.warning("rank %d: the broker %s is not connected; stopping without waiting for answers", rank.rank, rank.config.broker)
         await rank.client.close(timeout=0.0)
 
+    @staticmethod
+    async def _watch(reporter: asyncio.Task[None], watchers: list[Any]) -> None:
+        """The reporter and the quiet watchers as one task, cancelled together at the stop."""
+        try:
+            await asyncio.gather(reporter, *watchers)
+        finally:
+            reporter.cancel()
+
     async def _report_every(self) -> None:
         interval = self.config.stats_interval_s
         if self.config.stats_file:
@@ -574,6 +619,8 @@ class VllmBridge:
         for rank in self.ranks:
             unknown.update(rank.translator.stats.unknown_keys)
         return {
+            # First, for a person reading the line: each rank's counters in words.
+            "summary": "; ".join(rank.summary() for rank in self.ranks),
             "ranks": [rank.snapshot() for rank in self.ranks],
             "capture_records": self.capture.records if self.capture else 0,
             "unknown_keys": dict(sorted(unknown.items())),

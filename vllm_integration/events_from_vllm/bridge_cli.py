@@ -110,7 +110,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--topic", default="", help="topic prefix to subscribe to (vLLM's kv_events_config topic; default all)")
     p.add_argument("--broker", required=True, type=_host_port, help="HOST:PORT of the broker")
-    p.add_argument("--model", required=True, help=f"model name ({', '.join(kvsize.known_models())}) or path to a config.json")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a path to a config.json (or its folder), a Hugging Face id in the local hub cache (its config.json), "
+        f"or a built-in name ({', '.join(kvsize.known_models())})",
+    )
     p.add_argument("--dtype", choices=list(kvsize.DTYPE_BYTES), default="fp16", help="KV-cache scalar type (default fp16)")
     p.add_argument("--block-bytes", type=_positive, help="bytes per block, instead of the model's figure")
     p.add_argument(

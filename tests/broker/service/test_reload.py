@@ -209,3 +209,33 @@ def test_ab_shows_the_primary_and_its_shadows_side_by_side(tmp_path: Path) -> No
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+async def test_ab_counts_each_policy_in_force_and_shows_no_twin_of_the_primary(tmp_path: Path) -> None:
+    """Reloads deadline_edf -> arc -> lru with shadows lru and arc: the primary row counts
+    what lru did since it took over (it was credited with what deadline_edf and arc served),
+    and the lru shadow, the primary's twin now, is not a row of its own."""
+    rest = '[journal]\nurl = "none"\n[broker]\nlisten = "127.0.0.1:0"\n'
+    shadows = 'shadows = ["lru", "arc"]'
+    broker = await start_broker(parse_config(config_text("deadline_edf", shadows) + rest))
+    accesses: list[int] = []
+    try:
+        async with BrokerClient(f"127.0.0.1:{broker.port}", "engine", max_batch_events=8) as client:
+            for phase, policy in enumerate(("deadline_edf", "arc", "lru")):
+                if phase:
+                    assert broker.service.reload(config_text(policy, shadows) + rest).ok
+                before = broker.service.core.stats.accesses
+                for i in range(40):
+                    await client.allocate(f"p{phase}-b{i}", 100, ts_us=1000 * phase + i)
+                    if i > 10:
+                        await client.access([f"p{phase}-b{i - 10}"], ts_us=1000 * phase + i)
+                await client.flush()
+                accesses.append(broker.service.core.stats.accesses - before)
+        stats = broker.service.stats()
+    finally:
+        await broker.stop(grace=1)
+    rows = [(a.name, a.role) for a in stats.arms]
+    assert rows == [("lru", "primary"), ("arc", "shadow")]
+    primary = stats.arms[0]
+    assert accesses[2] > 0 and primary.accesses == accesses[2]  # lru's own, not the run's
+    assert stats.arms[1].accesses == sum(accesses)  # a shadow ran its one policy all along

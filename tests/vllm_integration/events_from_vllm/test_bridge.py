@@ -808,3 +808,31 @@ async def test_a_detected_restart_is_in_the_capture_and_replays_as_the_bridge_se
     imported = [e for b in read_trace(str(tmp_path / "cap.vllm"), "vllm-events", TraceOptions()) for e in b.events]
     assert imported == sent[1:]
     assert [e.WhichOneof("kind") for e in imported].count("cleared") == 1
+
+
+async def test_a_bridge_that_receives_nothing_says_so_and_its_stats_read_as_words(caplog: pytest.LogCaptureFixture) -> None:
+    """Pointed at an engine that publishes nothing (the wrong port, or a vLLM without
+    --kv-events-config), the bridge warned of nothing and waited silently; its stats line
+    was a wall of nested counters."""
+    caplog.set_level("WARNING", logger="vllm_integration")
+    broker = await start_broker(big_config())
+    fakes = fake_ranks(2)
+    try:
+        running = Running(bridge_config(f"127.0.0.1:{broker.port}", fakes, quiet_warning_s=2.0))
+        await subscribed(fakes)
+        fakes[1].publish([stored([1, 2])])  # rank 1 hears its engine; rank 0 hears nothing
+        await until(lambda: any("nothing received" in r.getMessage() for r in caplog.records), 10, "the warning")
+        await until(lambda: running.ranks[1].stats.applied == 1, 10, "rank 1's batch")
+        await asyncio.sleep(2.1)  # past rank 1's deadline too: it received, so it says nothing
+        quiet = [r.getMessage() for r in caplog.records if "nothing received" in r.getMessage()]
+        assert len(quiet) == 1, quiet
+        assert quiet[0].startswith(f"rank 0: nothing received from tcp://127.0.0.1:{fakes[0].pub_port} in "), quiet[0]
+        assert "--kv-events-config" in quiet[0] and '"topic": "kv-events"' in quiet[0]
+        summary = running.bridge.snapshot()["summary"]
+        assert summary.startswith("rank 0: 0 batches received, 0 applied, 0 blocks held; broker connected, ")
+        assert "; rank 1: 1 batches received, 1 applied, 2 blocks held; broker connected" in summary
+        await running.finish()
+    finally:
+        for fake in fakes:
+            fake.close()
+        await broker.stop(grace=1)
