@@ -5,6 +5,9 @@ while it files ``--ghosts`` ghosts, over the ghosts filed, and the RSS of a long
 stores and evicts far more chunks than the bound keeps (it must stay flat).
 
     python bench/ghost_memory.py                       # 200,000 ghosts, 32-hex-digit ids
+    python bench/ghost_memory.py --broker --blocks 2000000 --max-ghosts 1000000
+        # kvbroker serve's core at the default tiers: one client allocates and frees 1-byte
+        # blocks (issue 41 item 12); the ghosts stop at history.max_ghosts
 """
 
 from __future__ import annotations
@@ -37,11 +40,38 @@ def churn(core: EmbeddedCore, start: int, count: int, capacity: int) -> None:
             core.apply([intent_bytes.freed(ts, [intent_bytes.id_field(d.block_id) for d in outcome.directives])])
 
 
+def broker_churn(max_ghosts: int, blocks: int) -> int:
+    """The broker's core (default tiers, history.ghosts 8) with ``history.max_ghosts``: one
+    client allocates and frees ``blocks`` distinct 1-byte blocks, 200 a batch."""
+    from broker.config import parse_config
+    from broker.model.apply import apply_batch
+    from broker.model.core import Core
+    from kvbroker.v1 import intent_pb2 as pb
+
+    core = Core(parse_config(f"[history]\nmax_ghosts = {max_ghosts}\n").core)
+    before = rss()
+    for seq, start in enumerate(range(0, blocks, 200), start=1):
+        ids = [f"{n:032x}" for n in range(start, min(start + 200, blocks))]
+        events = [pb.Event(ts_us=start, allocated=pb.BlockAllocated(intent=pb.MemoryIntent(block_id=i, size_bytes=1))) for i in ids]
+        events.append(pb.Event(ts_us=start, freed=pb.BlocksFreed(block_ids=ids)))
+        apply_batch(core, pb.IntentBatch(client_id="abuser", batch_seq=seq, events=events))
+    grown = rss() - before
+    ghosts = len(core.ghosts)
+    per = f", {grown / ghosts:.0f} bytes per ghost" if ghosts else ""
+    print(f"history.max_ghosts {max_ghosts:,}: {blocks:,} 1-byte blocks freed, {ghosts:,} ghosts kept, RSS +{grown / 2**20:.1f} MiB{per}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--ghosts", type=int, default=200_000, help="ghosts to file (the bound is set to hold them all)")
     parser.add_argument("--capacity", type=int, default=1_000, help="the CPU tier's chunks")
+    parser.add_argument("--broker", action="store_true", help="the broker's core and 1-byte blocks instead (--blocks, --max-ghosts)")
+    parser.add_argument("--blocks", type=int, default=2_000_000, help="--broker: 1-byte blocks allocated and freed")
+    parser.add_argument("--max-ghosts", type=int, default=1_000_000, help="--broker: history.max_ghosts (0: the bytes bound alone)")
     args = parser.parse_args()
+    if args.broker:
+        return broker_churn(args.max_ghosts, args.blocks)
     multiple = args.ghosts / args.capacity
     core = EmbeddedCore(OffloadSettings(policy="lru", history_ghosts=multiple), args.capacity, journal=False)
     churn(core, 0, args.capacity, args.capacity)  # fill the tier first: its blocks are not ghosts

@@ -123,6 +123,11 @@ _CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 # existed replay with 0, as they ran.
 DEFAULT_HISTORY_GHOSTS: Final = 8.0
 MAX_HISTORY_GHOSTS: Final = 1024.0
+# history.max_ghosts by default: the count bound beside history.ghosts' bytes bound (a ghost
+# costs about 240 bytes, whatever its block's size: bench/ghost_memory.py --broker). Journals
+# written before the key replay without it (0), as they ran.
+DEFAULT_MAX_GHOSTS: Final = 1_000_000
+MAX_MAX_GHOSTS: Final = 2**40
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +157,10 @@ class CoreConfig:
     # same id: with a ghost, that store is a re-reference, as in a replay where the dropped
     # block stays known. docs/configuration.md says how the default was chosen.
     history_ghosts: float = DEFAULT_HISTORY_GHOSTS
+    # history.max_ghosts: at most this many ghosts, whatever their sizes (0: the bytes bound
+    # alone). The bytes bound alone let one client allocate and free 1-byte blocks until the
+    # ghosts held ~8.6e9 entries (docs/configuration.md, "Block history"); the oldest go first.
+    history_max_ghosts: int = DEFAULT_MAX_GHOSTS
 
 
 # bytes per scalar relative to fp16, and dequantization time per transfer (kv-hierarchy-lab)
@@ -200,6 +209,7 @@ def core_from_json(text: str) -> CoreConfig:
         policy = PolicyConfig(**raw_policy)
         # A journal from before history.ghosts ran without ghosts: it replays so.
         data.setdefault("history_ghosts", 0.0)
+        data.setdefault("history_max_ghosts", 0)  # nor a count bound before history.max_ghosts
         return CoreConfig(tiers=tiers, policy=policy, **data)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"journaled config is not readable: {exc}") from exc
@@ -327,7 +337,10 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
 
     history = _table(root, "history")
     ghosts = check_history_ghosts(_take(history, "ghosts", "history.", float, DEFAULT_HISTORY_GHOSTS), "history.ghosts")
+    max_ghosts = _take(history, "max_ghosts", "history.", int, DEFAULT_MAX_GHOSTS)
     _no_extra(history, "history.")
+    if not 0 <= max_ghosts <= MAX_MAX_GHOSTS:
+        raise ConfigError(f"history.max_ghosts: must be in 0..{MAX_MAX_GHOSTS} (0: the history.ghosts bytes bound alone), got {max_ghosts}")
 
     pre = _table(root, "prefetch")
     margin = _take(pre, "margin_us", "prefetch.", int, 500)
@@ -390,6 +403,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         max_clock_skew_us=limits.max_clock_skew_us,
         max_outstanding_directives=limits.max_outstanding_directives,
         history_ghosts=ghosts,
+        history_max_ghosts=max_ghosts,
     )
     config = BrokerConfig(
         broker_id=broker_id,
@@ -492,6 +506,7 @@ def config_to_toml(config: BrokerConfig) -> str:
         "",
         "[history]",
         f"ghosts = {_toml_value(core.history_ghosts)}",
+        f"max_ghosts = {core.history_max_ghosts}",
         "",
         "[journal]",
     ]

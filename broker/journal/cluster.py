@@ -63,6 +63,9 @@ class RedisClusterJournal(RedisJournal):
             raise JournalError(f"journal.wait_replicas: must be >= 0, got {wait_replicas}")
         super().__init__(url, stream, **options)
         self.wait_replicas = wait_replicas
+        if self.lease is not None:
+            # A cluster write may take this long (WAIT included): the lease must outlast it.
+            self.lease.timeout_s = SOCKET_TIMEOUT_S + WAIT_MS / 1000
         self._cluster: RedisCluster | None = None
         self._topology_loaded = False
         self._stale = True  # reload the slot map before the next connection

@@ -46,6 +46,8 @@ MAX_OPEN_SCOPES: Final = 65_536
 # And per tenant (the clients of one tenant together: several engines, or ranks): past it,
 # that tenant's oldest open scope ends. Never another tenant's (issue 33, item 8).
 MAX_OPEN_SCOPES_PER_TENANT: Final = 4 * MAX_OPEN_SCOPES
+# No count bound on the ghosts (history.max_ghosts = 0): more than any dict holds.
+MAX_GHOST_COUNT: Final = 2**62
 # A scoped access without positions (every block at position 0); read only. One object, so
 # that a plain access (the hot path) makes no dict.
 _NO_POSITIONS: Final[dict[str, int]] = {}
@@ -253,6 +255,9 @@ class Core:
         self._scope_use: dict[str, int] = {}
         self._ghost_bytes = 0
         self._ghost_limit = 0
+        # history.max_ghosts (0: none): a bound on the count too, so that 1-byte blocks
+        # cannot make the bytes bound mean billions of entries.
+        self._ghost_count_limit = 0
         # The same scopes by client and by tenant, oldest first, for the caps and a client's
         # clear (O(its own scopes); one with none: O(1)).
         self.client_scopes: dict[str, ClientScopes] = {}
@@ -315,6 +320,7 @@ class Core:
             self._channels[i] = channels
         self._scale, self._dequant_us = QUANT[config.quant]
         self._ghost_limit = int(config.history_ghosts * sum(t.capacity_bytes for t in config.tiers))
+        self._ghost_count_limit = config.history_max_ghosts if config.history_max_ghosts > 0 else MAX_GHOST_COUNT
         self._trim_ghosts()
         top = self.tiers[0].policy
         self._prefetching = type(top).admit_prefetch is not Policy.admit_prefetch
@@ -693,13 +699,13 @@ class Core:
             self._ghost_bytes -= old[2]
         ghosts[bid] = (block.accesses, block.reuses, block.size)
         self._ghost_bytes += block.size
-        if self._ghost_bytes > self._ghost_limit:
+        if self._ghost_bytes > self._ghost_limit or len(ghosts) > self._ghost_count_limit:
             self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:
-        """Forget the oldest ghosts until they fit the bound."""
+        """Forget the oldest ghosts until they fit both bounds (bytes, count)."""
         ghosts = self.ghosts
-        while ghosts and self._ghost_bytes > self._ghost_limit:
+        while ghosts and (self._ghost_bytes > self._ghost_limit or len(ghosts) > self._ghost_count_limit):
             self._ghost_bytes -= ghosts.popitem(last=False)[1][2]
 
     def _count_prefix_use(self, block: Block) -> None:

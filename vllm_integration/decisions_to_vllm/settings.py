@@ -121,6 +121,8 @@ class OffloadSettings:
             max_clock_skew_us=0,
             max_outstanding_directives=OUTSTANDING,
             history_ghosts=self.history_ghosts,
+            # A chunk counts one byte here: history_ghosts' bound is already a count.
+            history_max_ghosts=0,
         )
 
     # vLLM's data-parallel index of the engine ("{rank}"), when the policy could learn it.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from broker.journal.file import FileJournal, lock_path, release_lock, take_lock
 from broker.service.server import start_broker
 from tests.broker.replay.test_tail import run_engine
 from tests.conftest import small_config
+from tests.e2e.test_cli import start_serve
 
 
 def test_repair_and_repair_check_leave_no_lock_file(tmp_path: Path) -> None:
@@ -85,3 +87,16 @@ async def test_status_of_a_broker_without_a_journal_says_nothing_is_journaled(ca
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("journal"))
     assert line.startswith("journal none: nothing is journaled"), line
     assert "written" not in line
+
+
+@pytest.mark.e2e
+def test_a_real_serve_stopped_with_sigterm_leaves_no_lock_file(tmp_path: Path) -> None:
+    journal = tmp_path / "serve.journal"
+    proc, _ = start_serve(tmp_path, "--journal", f"file://{journal}")
+    try:
+        assert os.path.exists(lock_path(str(journal)))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert not os.path.exists(lock_path(str(journal))) and journal.exists()
