@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import multiprocessing
+import signal
 import sys
 import threading
 import time
@@ -221,20 +222,22 @@ def run_jobs(jobs: list[Job], workers: int, log: Callable[[str], None] | None = 
     if progress is None:
         progress = sys.stderr.isatty()
     if workers <= 1 or len(jobs) <= 1:
-        records = []
-        for i, job in enumerate(jobs, start=1):
-            started = time.perf_counter()
-            try:
+        records: list[dict[str, Any]] = []
+        # The whole loop: a ^C between two jobs (while the line of the one that ended is
+        # written) keeps the rows as one inside a job does.
+        try:
+            for i, job in enumerate(jobs, start=1):
+                started = time.perf_counter()
                 records.append(run_job(job, progress=progress))
-            except KeyboardInterrupt:
-                raise SweepInterrupted(records, len(jobs)) from None
-            log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
+                log(f"[{i}/{len(jobs)}] {job_label(job)} done in {time.perf_counter() - started:.1f}s")
+        except KeyboardInterrupt:
+            raise SweepInterrupted(records, len(jobs)) from None
         return records
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)  # events replayed by every worker so far
     overall = SweepProgress([job.source.label for job in jobs], known=_known_events(jobs)) if progress else None
     out: list[dict[str, Any] | None] = [None] * len(jobs)
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=count_into, initargs=(counter,))
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_start, initargs=(counter,))
     try:
         futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
         pending = set(futures)
@@ -280,6 +283,15 @@ def _known_events(jobs: list[Job]) -> dict[str, int]:
         if events:
             known[source.label] = events
     return known
+
+
+def _worker_start(counter: Any) -> None:
+    """A sweep worker's initializer. ^C at a terminal reaches the whole process group, the
+    workers too: the parent answers it (the finished rows, then it stops the workers), so a
+    worker ignores SIGINT. Else a worker idle in the executor's queue printed its own
+    KeyboardInterrupt traceback under the parent's one line (seen with --jobs 2)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    count_into(counter)
 
 
 class SweepInterrupted(Exception):
