@@ -7,7 +7,6 @@ of the event loop: apply order and journal order are the same by construction.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -33,8 +32,8 @@ from broker.journal.trailer import TrailerTally
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
 from broker.model.core import Core
-from broker.model.stats import CoreStats
 from broker.model.wire import BatchReader, directive_to_pb, read_batch
+from broker.service.shadow_builds import CATCH_UP_PER_BATCH, ShadowBuild, check_shadow_config, fresh_shadow, start_build
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -170,6 +169,9 @@ class BrokerService:
             core.take_directives()
             self.recovered_batches += 1
         self.shadows: dict[str, Core] = {}
+        # Shadows a reload added, being copied off the event loop (broker.service.shadow_builds):
+        # they join ``shadows`` once their copy has arrived and caught up.
+        self.shadow_builds: dict[str, ShadowBuild] = {}
         self.journal_directives = config.journal.directives
         self.ack_after_journal = config.journal.ack_after == "journal"
         self.streams = 0
@@ -187,7 +189,7 @@ class BrokerService:
             generation = self.generation + 1 if first is not None else self.generation
             self._follow(config.core, generation, force=first is None)
             self._journal_config()
-        self._set_shadows(config.core)
+        self._set_shadows(config.core, at_start=True)
 
     @property
     def core(self) -> Core:
@@ -230,22 +232,56 @@ class BrokerService:
     def _journal_config(self) -> None:
         self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core_config).encode()))
 
-    def _set_shadows(self, core_config: CoreConfig) -> None:
+    def _set_shadows(self, core_config: CoreConfig, *, at_start: bool = False) -> None:
         """Shadows follow config changes with their own policy, exactly as a replay of the
         journal through that policy does; one added later starts from a copy of the
-        primary's residency."""
+        primary's residency, taken off the event loop (broker.service.shadow_builds), or here
+        ``at_start``, before anything is served."""
         shadows: dict[str, Core] = {}
+        builds: dict[str, ShadowBuild] = {}
+        for name in core_config.policy.shadows:  # refuse a policy before copying for any
+            if name not in self.shadows and name not in self.shadow_builds:
+                check_shadow_config(with_policy(core_config, name))
         for name in core_config.policy.shadows:
             shadow_config = with_policy(core_config, name)
             current = self.shadows.get(name)
-            if current is None:
-                current = copy.deepcopy(self.core)
-                current.stats = CoreStats(len(current.tiers))
-                current.reconfigure(shadow_config, self.generation)
-            else:
+            build = self.shadow_builds.get(name)
+            if current is not None:
                 current.follow(shadow_config, self.generation)
-            shadows[name] = current
+                shadows[name] = current
+            elif build is not None:
+                build.follow(shadow_config, self.generation)
+                builds[name] = build
+            elif at_start:
+                shadows[name] = fresh_shadow(self.core, shadow_config, self.generation)
+            else:
+                started = start_build(name, self.core, shadow_config, self.generation)
+                if isinstance(started, Core):
+                    shadows[name] = started
+                else:
+                    builds[name] = started
         self.shadows = shadows
+        self.shadow_builds = builds
+
+    def _shadow_names(self) -> tuple[str, ...]:
+        """The shadows in force, in config order, copied or still being copied."""
+        return tuple(name for name in self.core_config.policy.shadows if name in self.shadows or name in self.shadow_builds)
+
+    def advance_shadow_builds(self, budget: int = CATCH_UP_PER_BATCH) -> None:
+        """Let the shadows being copied catch up by up to ``budget`` entries each; one that
+        has caught up joins ``shadows`` (a new dict, in config order)."""
+        ready: dict[str, Core] = {}
+        for name, build in self.shadow_builds.items():
+            shadow = build.catch_up(self.core, budget)
+            if shadow is not None:
+                ready[name] = shadow
+        if ready:
+            for name in ready:
+                del self.shadow_builds[name]
+            joined = {**self.shadows, **ready}
+            self.shadows = {name: joined[name] for name in self.core_config.policy.shadows if name in joined}
+            for name in ready:
+                log.info("shadow %s: copied off the event loop, reporting from generation %d", name, self.generation)
 
     def reload(self, text: str | None = None) -> spb.ReloadResponse:
         """Apply a new config (TOML text, or the config file read again) between batches.
@@ -270,7 +306,7 @@ class BrokerService:
             ):
                 if old_value != new_value:
                     raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
-            if new.core != self.core_config or new.core.policy.shadows != tuple(self.shadows):
+            if new.core != self.core_config or new.core.policy.shadows != self._shadow_names():
                 previous, generation = self.core_config, self.generation
                 self._follow(new.core, generation + 1, force=True)
                 try:
@@ -323,6 +359,10 @@ class BrokerService:
         for shadow in self.shadows.values():
             apply_batch(shadow, batch)
             shadow.take_directives()
+        if self.shadow_builds:
+            for build in self.shadow_builds.values():
+                build.pending.append(batch)
+            self.advance_shadow_builds()
         generation = self.generation
         data = answer_bytes(batch, outcome, generation)
         answer = Answer(data, len(outcome.directives), len(outcome.rejections), outcome.duplicate)
@@ -402,6 +442,8 @@ class BrokerService:
         return response
 
     def stats(self) -> spb.GetStatsResponse:
+        if self.shadow_builds:
+            self.advance_shadow_builds()
         cores = list(self.driving_cores().values())
         names = [t.name for t in self.core.tiers]
         events: dict[str, int] = {}
