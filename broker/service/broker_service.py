@@ -361,7 +361,7 @@ class BrokerService:
             shadow.take_directives()
         if self.shadow_builds:
             for build in self.shadow_builds.values():
-                build.pending.append(batch)
+                build.pending.append(raw)
             self.advance_shadow_builds()
         generation = self.generation
         data = answer_bytes(batch, outcome, generation)

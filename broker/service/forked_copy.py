@@ -7,8 +7,8 @@ gives the child the parent's memory as it is at that instant (copy-on-write, a f
 any size), so the child can take its time producing bytes from that frozen image (a
 pickle of a shadow, a snapshot record) while the parent goes on serving. A thread of the
 parent reads the bytes (the pipe read releases the GIL) and, when asked, rebuilds objects
-from them with the pure-Python unpickler, which gives the GIL back to the loop every
-switch interval (the C one holds it to the end).
+from them (broker.service.shadow_builds: with the pure-Python unpickler, which gives the GIL
+back to the loop every switch interval).
 
 The child runs nothing but ``produce`` and ``os._exit``: no atexit handler, no logging,
 no gRPC or journal thread (it has none: a forked child has only the forking thread).
@@ -16,9 +16,7 @@ no gRPC or journal thread (it has none: a forked child has only the forking thre
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import threading
 import traceback
 from collections.abc import Callable
@@ -95,9 +93,3 @@ class ForkedCopy:
 def one_line(exc: BaseException) -> str:
     lines = traceback.format_exception_only(type(exc), exc)
     return " ".join(line.strip() for line in lines if line.strip())[:500]
-
-
-def unpickle_yielding(data: bytes) -> Any:
-    """``pickle.loads`` by the pure-Python unpickler: slower, but it runs bytecode, so a
-    thread running it gives the GIL back to the event loop every switch interval."""
-    return pickle._Unpickler(io.BytesIO(data)).load()

@@ -14,17 +14,20 @@ holds what it would hold had it been copied synchronously at the reload
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import pickle
 from collections import deque
+from typing import Any, ClassVar
 
 from broker.config import ConfigError, CoreConfig
 from broker.model.apply import apply_batch
-from broker.model.core import Core
+from broker.model.core import Core, OwnedBlocks, RequestBlocks
 from broker.model.stats import CoreStats
-from broker.model.wire import BatchReader
-from broker.service.forked_copy import ForkedCopy, forking_available, unpickle_yielding
-from policies.base import PolicyError
+from broker.model.wire import read_batch
+from broker.service.forked_copy import ForkedCopy, forking_available
+from policies.base import Block, PolicyError, untrack
+from policies.deadline_edf import _Held
 
 log = logging.getLogger("kvbroker.service")
 
@@ -51,6 +54,61 @@ def check_shadow_config(shadow_config: CoreConfig) -> None:
         raise ConfigError(f"policy.shadows: {shadow_config.policy.name}: {exc}") from exc
 
 
+# What the live core keeps out of the cyclic collector's lists (policies/_gc.c says why); a
+# copy's must be too, or each full collection walks every block of the shadow.
+_UNTRACKED = (Block, _Held)
+_UNTRACKED_WITH_IDS = (RequestBlocks, OwnedBlocks)
+
+
+class ShadowUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler (it gives the GIL back to the event loop every switch
+    interval, where the C one holds it to the end), which leaves what it builds untracked
+    by the collector as the live core does, as it goes (a collection in the middle of the
+    copy then does not walk what is already built)."""
+
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
+
+    def load_build(self) -> None:
+        pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
+        built = self.stack[-1]  # type: ignore[attr-defined]
+        if isinstance(built, _UNTRACKED):
+            untrack(built)
+        elif isinstance(built, _UNTRACKED_WITH_IDS):
+            untrack(built)
+            untrack(built.ids)
+
+    dispatch[pickle.BUILD[0]] = load_build
+
+
+class ListMemo:
+    """The unpickler's memo (every object built so far, by number) in a list the collector
+    does not track: a dict memo is tracked, and each full collection during the copy
+    walked its million entries."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = untrack([])
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+    def __setitem__(self, index: int, value: Any) -> None:
+        if index == len(self.items):
+            self.items.append(value)
+        else:  # BINPUT/LONG_BINPUT may number out of order
+            self.items.extend([None] * (index + 1 - len(self.items)))
+            self.items[index] = value
+
+
+def unpickle_shadow(data: bytes) -> Core:
+    unpickler = ShadowUnpickler(io.BytesIO(data))
+    unpickler.memo = ListMemo()
+    shadow: Core = unpickler.load()
+    return shadow
+
+
 class ShadowBuild:
     """One shadow being copied: the forked copy, and what the loop applied since."""
 
@@ -58,8 +116,10 @@ class ShadowBuild:
         self.name = name
         self.config = shadow_config
         self.generation = generation
-        # Batches (BatchReader) and config changes ((CoreConfig, generation)), in apply order.
-        self.pending: deque[BatchReader | tuple[CoreConfig, int]] = deque()
+        # Batches (their bytes, which the collector does not track, where a read batch's
+        # objects would be walked by each full collection while the copy is taken) and
+        # config changes ((CoreConfig, generation)), in apply order.
+        self.pending: deque[bytes | tuple[CoreConfig, int]] = deque()
 
         def produce() -> bytes:  # in the child, on its frozen image of ``primary``
             shadow = primary
@@ -67,7 +127,7 @@ class ShadowBuild:
             shadow.reconfigure(shadow_config, generation)
             return pickle.dumps(shadow, protocol=pickle.HIGHEST_PROTOCOL)
 
-        self.copy = ForkedCopy(produce, unpickle_yielding)
+        self.copy = ForkedCopy(produce, unpickle_shadow)
 
     def follow(self, shadow_config: CoreConfig, generation: int) -> None:
         self.config, self.generation = shadow_config, generation
@@ -90,7 +150,7 @@ class ShadowBuild:
             if isinstance(entry, tuple):
                 shadow.follow(*entry)
             else:
-                apply_batch(shadow, entry)
+                apply_batch(shadow, read_batch(entry))
                 shadow.take_directives()
         return shadow if not self.pending else None
 
