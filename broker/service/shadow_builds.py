@@ -104,7 +104,7 @@ class ListMemo:
 
 def unpickle_shadow(data: bytes) -> Core:
     unpickler = ShadowUnpickler(io.BytesIO(data))
-    unpickler.memo = ListMemo()
+    unpickler.memo = ListMemo()  # type: ignore[attr-defined]
     shadow: Core = unpickler.load()
     return shadow
 
