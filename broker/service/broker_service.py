@@ -7,6 +7,7 @@ of the event loop: apply order and journal order are the same by construction.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -125,10 +126,10 @@ def arm_stats(name: str, role: str, core: Core) -> spb.ArmStats:
     )
 
 
-def recovered_config(records: list[JournalRecord], index: int) -> CoreConfig:
-    """The config of the CONFIG record ``records[index]``; BadRecord if it is none."""
+def recovered_config(record: JournalRecord, index: int) -> CoreConfig:
+    """The config of the CONFIG record ``record`` (the ``index``-th read); BadRecord if it is none."""
     try:
-        return core_from_json(records[index].payload.decode())
+        return core_from_json(record.payload.decode())
     except (ConfigError, UnicodeDecodeError) as exc:
         raise BadRecord(index, config_problem(exc)) from None
 
@@ -149,15 +150,25 @@ class BrokerService:
         self.overrides = overrides
         self.journal = journal
         self.recovered_batches = 0
-        records = list(recovered)
-        first = next((i for i, r in enumerate(records) if r.kind == RecordKind.CONFIG), None)
-        start = recovered_config(records, first) if first is not None else config.core
-        self.driving = Driving(start, records[first].generation if first is not None else 1)
-        for i, record in enumerate(records):
+        # Read as a stream (a journal's records are never all in memory): only the records
+        # before the first CONFIG wait for it (none, but in a journal written before CONFIG
+        # records were).
+        records = iter(recovered)
+        held: list[JournalRecord] = []
+        first = None
+        for record in records:
+            if record.kind == RecordKind.CONFIG:
+                first = record
+                break
+            held.append(record)
+        start = recovered_config(first, len(held)) if first is not None else config.core
+        self.driving = Driving(start, first.generation if first is not None else 1)
+        ordered = itertools.chain(held, [first] if first is not None else [], records)
+        for i, record in enumerate(ordered):
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
             if record.kind == RecordKind.CONFIG:
-                self._follow(recovered_config(records, i), record.generation)
+                self._follow(recovered_config(record, i), record.generation)
                 continue
             try:
                 batch = read_batch(record.payload)

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import NoReturn
 
 import grpc
@@ -501,11 +501,11 @@ def journal_for(config: BrokerConfig) -> Journal:
     )
 
 
-def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
+def _recoverable(config: BrokerConfig, journal: Journal) -> Iterator[JournalRecord]:
     """The batches and config changes already in the journal, in order (read once the
-    writer has cut any torn tail)."""
+    writer has cut any torn tail), as a stream: BrokerService applies each as it is read."""
     if not config.journal.recover or isinstance(journal, NullJournal):
-        return []
+        return iter(())
     url = config.journal.url
     if isinstance(journal, RedisJournal):
         if journal.spool_records:  # the start could not drain a leftover spool
@@ -514,8 +514,8 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
                 f"({journal.last_error}); start again once Redis answers, or set journal.recover = false"
             )
         source = JournalSource(journal.url, journal.stream)
-        return list(source.ordered()) if stream_exists(journal.url, journal.stream) else []
-    return list(JournalSource(url).ordered())
+        return source.ordered() if stream_exists(journal.url, journal.stream) else iter(())
+    return JournalSource(url).ordered()
 
 
 def unreadable(config: BrokerConfig, journal: Journal, exc: BadRecord) -> str:
@@ -558,6 +558,9 @@ async def start_broker(
     except BadRecord as exc:
         await journal.close()
         raise JournalError(unreadable(config, journal, exc)) from None
+    except BaseException:  # a damaged journal met as it is read (JournalError), or worse
+        await journal.close()
+        raise
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(
