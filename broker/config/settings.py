@@ -107,6 +107,14 @@ class JournalConfig:
     # Redis journal: the longest one write (or connect) may take before Redis counts as
     # unreachable and records go to the spool. A hung Redis stalls answers this long.
     redis_timeout_s: float = 0.5
+    # serve: append a snapshot of the state (broker.journal.snapshots) after this many
+    # batches, so that a restart applies at most about this many; 0 = never.
+    snapshot_batches: int = 1_000_000
+
+
+# journal.snapshot_batches: 0 (never), else within these (a snapshot forks the broker and
+# writes its whole state: more often than every 1,000 batches is all snapshots).
+SNAPSHOT_BATCHES_RANGE = (1_000, 1_000_000_000)
 
 
 # The default stream key on a Redis Cluster: the broker id in braces is the key's hash tag,
@@ -349,6 +357,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         spool_full=_take(jr, "spool_full", "journal.", str, JournalConfig.spool_full),
         wait_replicas=_take(jr, "wait_replicas", "journal.", int, JournalConfig.wait_replicas),
         redis_timeout_s=_take(jr, "redis_timeout_s", "journal.", float, JournalConfig.redis_timeout_s),
+        snapshot_batches=_take(jr, "snapshot_batches", "journal.", int, JournalConfig.snapshot_batches),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -365,6 +374,9 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f'journal.spool_full: must be "refuse" or "drop", got {journal.spool_full!r}')
     if not 0.001 <= journal.redis_timeout_s <= 600:  # NaN fails too
         raise ConfigError(f"journal.redis_timeout_s: must be in 0.001..600 seconds, got {journal.redis_timeout_s}")
+    low, high = SNAPSHOT_BATCHES_RANGE
+    if journal.snapshot_batches != 0 and not low <= journal.snapshot_batches <= high:
+        raise ConfigError(f"journal.snapshot_batches: must be 0 (never) or in {low:,}..{high:,} batches, got {journal.snapshot_batches}")
     if "\0" in journal.spool_dir:
         raise ConfigError("journal.spool_dir: must not contain NUL")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))

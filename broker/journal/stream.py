@@ -65,9 +65,9 @@ def good_length(f: BinaryIO, path: str) -> tuple[int, int, int]:
     return count, good, end
 
 
-def stream_records(path: str) -> Iterator[tuple[int, JournalRecord]]:
+def stream_records(path: str, start: int | None = None) -> Iterator[tuple[int, JournalRecord]]:
     """(byte offset, record) of every complete record of a file journal, in order, read as
-    a stream (a torn tail is left out)."""
+    a stream (a torn tail is left out); from the record at offset ``start`` if given."""
     with open_regular(path) as f:
         end = os.fstat(f.fileno()).st_size
         head = f.read(len(MAGIC))
@@ -75,4 +75,41 @@ def stream_records(path: str) -> Iterator[tuple[int, JournalRecord]]:
             if MAGIC.startswith(head):
                 return  # empty, or the header itself was torn
             raise JournalError(f"{path}: not a kvbroker journal (bad magic)")
-        yield from frames(f, len(MAGIC), end, path)
+        if start is not None:
+            f.seek(start)
+        yield from frames(f, start if start is not None else len(MAGIC), end, path)
+
+
+def last_snapshot(path: str) -> tuple[int, int] | None:
+    """(offset of the mark, offset of the state) of the last complete snapshot of a file
+    journal (broker.journal.snapshots), or None. Reads each record's header only and skips
+    its payload: the journal's batches before the snapshot are never read."""
+    from broker.journal.records import RecordKind
+    from broker.journal.snapshots import HEAD, MARK, STATE, parse
+
+    marks: dict[int, int] = {}
+    found = None
+    with open_regular(path) as f:
+        end = os.fstat(f.fileno()).st_size
+        if f.read(len(MAGIC)) != MAGIC:
+            return None
+        pos = len(MAGIC)
+        while end - pos >= FRAME.size + BODY.size:
+            length, _ = FRAME.unpack(f.read(FRAME.size))
+            body_end = pos + FRAME.size + length
+            if length < BODY.size or body_end > end:
+                break  # a torn tail (damage is for the full read to name)
+            kind = f.read(1)[0]
+            if kind == RecordKind.SNAPSHOT and length >= BODY.size + HEAD.size:
+                f.seek(BODY.size - 1, os.SEEK_CUR)
+                try:
+                    number, part = parse(f.read(HEAD.size))
+                except JournalError:
+                    number, part = -1, -1
+                if part == MARK:
+                    marks[number] = pos
+                elif part == STATE and number in marks:
+                    found = (marks[number], pos)
+            f.seek(body_end)
+            pos = body_end
+    return found

@@ -28,13 +28,18 @@ from broker.config import (
 )
 from broker.journal import Journal, JournalRecord, RecordKind
 from broker.journal.base import NullJournal
+from broker.journal.file import FileJournal
 from broker.journal.payloads import BadRecord, batch_problem, config_problem
+from broker.journal.records import JournalError
+from broker.journal.snapshots import load_state
+from broker.journal.snapshots import parse as parse_snapshot
 from broker.journal.trailer import TrailerTally
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
 from broker.model.core import Core
 from broker.model.wire import BatchReader, directive_to_pb, read_batch
 from broker.service.shadow_builds import CATCH_UP_PER_BATCH, ShadowBuild, check_shadow_config, fresh_shadow, start_build
+from broker.service.snapshot_writer import SnapshotWriter
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -134,6 +139,11 @@ def recovered_config(record: JournalRecord, index: int) -> CoreConfig:
         raise BadRecord(index, config_problem(exc)) from None
 
 
+class UnreadableSnapshot(JournalError):
+    """The snapshot a restart was to start from cannot be read back: the start reads the
+    journal from its first record instead (broker.service.server)."""
+
+
 class BrokerService:
     def __init__(
         self,
@@ -156,17 +166,30 @@ class BrokerService:
         records = iter(recovered)
         held: list[JournalRecord] = []
         first = None
+        # A restart from a snapshot (JournalSource.recovery): its state record comes first,
+        # then the records after its mark.
+        self.recovered_snapshot: int | None = None
         for record in records:
-            if record.kind == RecordKind.CONFIG:
+            if record.kind == RecordKind.CONFIG or record.kind == RecordKind.SNAPSHOT:
                 first = record
                 break
             held.append(record)
-        start = recovered_config(first, len(held)) if first is not None else config.core
-        self.driving = Driving(start, first.generation if first is not None else 1)
-        ordered = itertools.chain(held, [first] if first is not None else [], records)
+        if first is not None and first.kind == RecordKind.SNAPSHOT:
+            try:
+                self.driving = load_state(first.payload)
+            except JournalError as exc:
+                raise UnreadableSnapshot(str(exc)) from None
+            self.recovered_snapshot = parse_snapshot(first.payload)[0]
+            ordered: Iterable[JournalRecord] = records
+        else:
+            start = recovered_config(first, len(held)) if first is not None else config.core
+            self.driving = Driving(start, first.generation if first is not None else 1)
+            ordered = itertools.chain(held, [first] if first is not None else [], records)
         for i, record in enumerate(ordered):
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
+            if record.kind == RecordKind.SNAPSHOT:
+                continue
             if record.kind == RecordKind.CONFIG:
                 self._follow(recovered_config(record, i), record.generation)
                 continue
@@ -196,6 +219,8 @@ class BrokerService:
         # (write_trailers), so that replay --verify can tell the journal's tail is whole.
         # Recovered batches are not counted: the process that journaled them did (or not).
         self.tally = TrailerTally()
+        every = config.journal.snapshot_batches if isinstance(journal, FileJournal) else 0
+        self.snapshots = SnapshotWriter(journal, every, SCHEMA_MAJOR)
         if first is None or config.core != self.core_config:
             generation = self.generation + 1 if first is not None else self.generation
             self._follow(config.core, generation, force=first is None)
@@ -383,6 +408,7 @@ class BrokerService:
         self.tally.add(client_key(batch.tenant, batch.client_id), batch.batch_seq)
         if self.journal_directives and outcome.directives:
             ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, data))
+        self.snapshots.after_batch(self.driving, generation)
         return answer, ordinal if self.ack_after_journal else 0
 
     def write_trailers(self) -> int:

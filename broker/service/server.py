@@ -33,7 +33,7 @@ from broker.model.pbwire import key, length_delimited, varint
 from broker.model.wire import BatchReader, read_batch
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
-from broker.service.broker_service import Answer, BrokerService, VersionError
+from broker.service.broker_service import Answer, BrokerService, UnreadableSnapshot, VersionError
 from broker.service.limits import StreamCounts, UnreadAnswers, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
 from broker.service.security import (
     Access,
@@ -515,7 +515,7 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> Iterator[JournalReco
             )
         source = JournalSource(journal.url, journal.stream)
         return source.ordered() if stream_exists(journal.url, journal.stream) else iter(())
-    return JournalSource(url).ordered()
+    return JournalSource(url).recovery()
 
 
 def unreadable(config: BrokerConfig, journal: Journal, exc: BadRecord) -> str:
@@ -554,7 +554,11 @@ async def start_broker(
         await journal.close()
         raise
     try:
-        service = BrokerService(config, journal, recovered, config_path, overrides)
+        try:
+            service = BrokerService(config, journal, recovered, config_path, overrides)
+        except UnreadableSnapshot as exc:
+            log.warning("recovery: %s; reading the journal from its first record instead", exc)
+            service = BrokerService(config, journal, JournalSource(config.journal.url).ordered(), config_path, overrides)
     except BadRecord as exc:
         await journal.close()
         raise JournalError(unreadable(config, journal, exc)) from None
