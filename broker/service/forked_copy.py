@@ -11,12 +11,14 @@ from them (broker.service.shadow_builds: with the pure-Python unpickler, which g
 back to the loop every switch interval).
 
 The child runs nothing but ``produce`` and ``os._exit``: no atexit handler, no logging,
-no gRPC or journal thread (it has none: a forked child has only the forking thread).
+no gRPC or journal thread (it has none: a forked child has only the forking thread), and it
+closes every file descriptor but its pipe first.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import traceback
 from collections.abc import Callable
@@ -25,6 +27,11 @@ from typing import Any
 # The child's first byte: what follows is the product, or a one-line reason it failed.
 _OK = b"0"
 _FAILED = b"1"
+
+
+def max_fd() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def forking_available() -> bool:
@@ -47,7 +54,11 @@ class ForkedCopy:
         if pid == 0:  # the child: never returns into the caller's code
             status = 1
             try:
-                os.close(read_end)
+                # Hold nothing of the parent's but the pipe: the journal's lock (a restart after
+                # the parent's kill would find the journal held by this child), the listening
+                # socket, the clients' connections.
+                os.closerange(3, write_end)
+                os.closerange(write_end + 1, max_fd())
                 try:
                     data = _OK + produce()
                 except BaseException as exc:  # any failure goes back as one line

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from broker.model.core import Core
 from broker.model.wire import read_batch
 from broker.service import shadow_builds
 from broker.service.broker_service import BrokerService
+from broker.service.forked_copy import ForkedCopy
 from kvbroker.v1 import intent_pb2 as pb
 from tests.builders import access, alloc
 
@@ -191,3 +194,23 @@ def test_a_copy_that_fails_in_the_child_is_taken_on_the_loop_and_logged(
     monkeypatch.setattr(shadow_builds, "forking_available", lambda: False)
     assert reference.reload(config_text('"arc"')).ok
     assert fingerprint(live.shadows["arc"]) == fingerprint(reference.shadows["arc"])
+
+
+def test_the_copying_child_holds_none_of_the_parents_files(tmp_path: Path) -> None:
+    """A journal's lock held by a copying child would refuse a restart after the broker's
+    kill for as long as the child runs."""
+    held = os.open(tmp_path / "journal.lock", os.O_RDWR | os.O_CREAT)
+    try:
+
+        def probe() -> bytes:
+            try:
+                os.fstat(held)
+            except OSError:
+                return b"closed"
+            return b"open"
+
+        copied = ForkedCopy(probe)
+        assert copied.wait(60)
+        assert copied.error is None and copied.result == b"closed"
+    finally:
+        os.close(held)
