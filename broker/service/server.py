@@ -28,6 +28,7 @@ from broker.journal import Journal, JournalError, JournalRecord, JournalSource, 
 from broker.journal.base import NullJournal
 from broker.journal.payloads import BadRecord
 from broker.journal.redis_stream import RedisJournal, stream_exists
+from broker.journal.stream import last_snapshot
 from broker.model.apply import client_key
 from broker.model.pbwire import key, length_delimited, varint
 from broker.model.wire import BatchReader, read_batch
@@ -518,6 +519,14 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> Iterator[JournalReco
     return JournalSource(url).recovery()
 
 
+def journal_snapshot(config: BrokerConfig) -> tuple[int, int] | None:
+    """Where the file journal's last complete snapshot is (broker.journal.stream), if any."""
+    try:
+        return last_snapshot(file_path(config.journal.url)) if is_file_url(config.journal.url) else None
+    except (OSError, JournalError):
+        return None
+
+
 def unreadable(config: BrokerConfig, journal: Journal, exc: BadRecord) -> str:
     """The one line a start refused on a bad journal record says: which record, why, and what
     to do (the broker does not skip it: the state after it would not be the state it had)."""
@@ -559,6 +568,13 @@ async def start_broker(
         except UnreadableSnapshot as exc:
             log.warning("recovery: %s; reading the journal from its first record instead", exc)
             service = BrokerService(config, journal, JournalSource(config.journal.url).ordered(), config_path, overrides)
+        except BadRecord:
+            if isinstance(journal, RedisJournal) or journal_snapshot(config) is None:
+                raise
+            # Met after a snapshot: its number counts from the snapshot's mark. Read from the
+            # first record, to name it as `repair` and the refusal's fix do.
+            BrokerService(config, journal, JournalSource(config.journal.url).ordered(), config_path, overrides)
+            raise
     except BadRecord as exc:
         await journal.close()
         raise JournalError(unreadable(config, journal, exc)) from None

@@ -182,3 +182,24 @@ def test_snapshot_batches_is_bounded_and_refused_in_one_line(tmp_path: Path, val
     assert "\n" not in str(exc.value)
     assert parse_config(config_text(tmp_path / "j", 0)).journal.snapshot_batches == 0
     assert parse_config(config_text(tmp_path / "j", 1000)).journal.snapshot_batches == 1000
+
+
+def test_a_bad_record_after_the_snapshot_is_named_by_its_place_in_the_file(tmp_path: Path) -> None:
+    from broker.journal.file import file_records
+    from broker.service.server import start_broker
+
+    path = tmp_path / "j.journal"
+    asyncio.run(serve_batches(path, 1300, Feed()))
+    records = list(read_file_journal(str(path)))
+    batch_at = [i for i, r in enumerate(records) if r.kind == RecordKind.BATCH][1200]
+    rewrite(path, records, batch_at, JournalRecord(RecordKind.BATCH, 1, 1, b"\xff\xff\xff not a batch"))
+    offset = [o for o, _ in file_records(str(path))][batch_at]
+
+    async def start() -> None:
+        config = parse_config(config_text(path) + '\n[broker]\nlisten = "127.0.0.1:0"\n')
+        await start_broker(config)
+
+    with pytest.raises(JournalError) as exc:
+        asyncio.run(start())
+    assert f"record {batch_at + 1} (a BATCH record at byte offset {offset})" in str(exc.value)
+    assert "not a valid IntentBatch" in str(exc.value) and "kvbroker repair" in str(exc.value)
