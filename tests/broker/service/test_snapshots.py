@@ -203,3 +203,15 @@ def test_a_bad_record_after_the_snapshot_is_named_by_its_place_in_the_file(tmp_p
         asyncio.run(start())
     assert f"record {batch_at + 1} (a BATCH record at byte offset {offset})" in str(exc.value)
     assert "not a valid IntentBatch" in str(exc.value) and "kvbroker repair" in str(exc.value)
+
+
+def test_repair_keeps_snapshots_and_cuts_a_forged_one(tmp_path: Path) -> None:
+    path = tmp_path / "j.journal"
+    asyncio.run(serve_batches(path, 1300, Feed()))
+    check = subprocess.run([str(KVBROKER), "repair", "--check", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    records = list(read_file_journal(str(path)))
+    mark_at = next(i for i, r in enumerate(records) if r.kind == RecordKind.SNAPSHOT)
+    rewrite(path, records, mark_at, JournalRecord(RecordKind.SNAPSHOT, 1, 1, b"no snapshot header here, but long enough"))
+    check = subprocess.run([str(KVBROKER), "repair", "--check", str(path)], capture_output=True, text=True)
+    assert check.returncode == 1 and "not a snapshot mark or state" in check.stdout + check.stderr
