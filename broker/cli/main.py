@@ -458,6 +458,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(planned) > 1:
         records = with_fleet_totals(records, [job.combo for job in jobs])
     tails = _check_tails(planned, records) if args.verify else []
+    snapshots = _check_snapshots(planned, records) if args.verify else []
     _write_records(args, records, len(planned))
     skipped = max((r["skipped_lines"] for r in records), default=0)
     if skipped:
@@ -479,7 +480,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for label, tail in tails:
         if tail.message:
             print(f"kvbroker replay: --verify: {label}: {tail.message}", file=sys.stderr)
-    return 1 if any(tail.state == "cut" for _, tail in tails) else 0
+    for label, check in snapshots:
+        if check.wrong:
+            print(f"kvbroker replay: --verify: {label}: {check.wrong} of {check.checked} snapshots wrong; {check.message}", file=sys.stderr)
+    return 1 if any(tail.state == "cut" for _, tail in tails) or any(check.wrong for _, check in snapshots) else 0
+
+
+def _check_snapshots(planned: list[Any], records: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """--verify: each snapshot a journal holds equals the replay's state at its mark
+    (broker.replay.snapshot_check); its records get ``snapshots_checked`` and ``snapshots_wrong``."""
+    from broker.journal import JournalSource
+    from broker.replay.snapshot_check import check_snapshots
+
+    out = []
+    for item in planned:
+        source = item.source
+        if source.journal is None:
+            continue
+        check = check_snapshots(JournalSource(source.journal, source.stream))
+        for record in records:
+            if record["source"] == source.label:
+                record["snapshots_checked"] = check.checked
+                record["snapshots_wrong"] = check.wrong
+        out.append((source.label, check))
+    return out
 
 
 def _unverified(planned: list[Any], records: list[dict[str, Any]], policies: list[str]) -> list[str]:

@@ -111,6 +111,14 @@ class JournalConfig:
     # fencing token) for this long, renewed every lease_s / 3; another broker is refused
     # while it runs and may take the stream over only once it expired. 0 = no lease.
     lease_s: float = 10.0
+    # serve: append a snapshot of the state (broker.journal.snapshots) after this many
+    # batches, so that a restart applies at most about this many; 0 = never.
+    snapshot_batches: int = 1_000_000
+
+
+# journal.snapshot_batches: 0 (never), else within these (a snapshot forks the broker and
+# writes its whole state: more often than every 1,000 batches is all snapshots).
+SNAPSHOT_BATCHES_RANGE = (1_000, 1_000_000_000)
 
 
 # The default stream key on a Redis Cluster: the broker id in braces is the key's hash tag,
@@ -367,6 +375,7 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         wait_replicas=_take(jr, "wait_replicas", "journal.", int, JournalConfig.wait_replicas),
         redis_timeout_s=_take(jr, "redis_timeout_s", "journal.", float, JournalConfig.redis_timeout_s),
         lease_s=_take(jr, "lease_s", "journal.", float, JournalConfig.lease_s),
+        snapshot_batches=_take(jr, "snapshot_batches", "journal.", int, JournalConfig.snapshot_batches),
     )
     if journal.ack_after not in ("journal", "memory"):
         raise ConfigError(f'journal.ack_after: must be "journal" or "memory", got {journal.ack_after!r}')
@@ -385,6 +394,9 @@ def config_from_dict(data: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"journal.redis_timeout_s: must be in 0.001..600 seconds, got {journal.redis_timeout_s}")
     if not (journal.lease_s == 0 or 1 <= journal.lease_s <= 86400):  # NaN fails too
         raise ConfigError(f"journal.lease_s: must be 0 (no lease) or in 1..86400 seconds, got {journal.lease_s}")
+    low, high = SNAPSHOT_BATCHES_RANGE
+    if journal.snapshot_batches != 0 and not low <= journal.snapshot_batches <= high:
+        raise ConfigError(f"journal.snapshot_batches: must be 0 (never) or in {low:,}..{high:,} batches, got {journal.snapshot_batches}")
     if "\0" in journal.spool_dir:
         raise ConfigError("journal.spool_dir: must not contain NUL")
     telemetry = telemetry_config_from_dict(_table(root, "telemetry"))

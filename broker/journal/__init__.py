@@ -18,6 +18,7 @@ from broker.journal.file import FileJournal, file_records, read_file_journal
 from broker.journal.records import JournalError, JournalRecord, RecordKind
 from broker.journal.redis_stream import DEFAULT_TIMEOUT_S, RedisJournal, directives_key, read_redis_records, redact, stream_exists
 from broker.journal.redis_urls import is_cluster_url, is_redis_url
+from broker.journal.stream import last_snapshot, stream_records
 from clients.regular_file import open_regular
 
 __all__ = [
@@ -167,6 +168,26 @@ class JournalSource:
             if record.kind == RecordKind.BATCH or record.kind == RecordKind.CONFIG:
                 yield record
 
+    def recovery(self) -> Iterator[JournalRecord]:
+        """What a restart applies: ``ordered()``, or for a file journal with a complete
+        snapshot (broker.journal.snapshots) its state record, then the BATCH and CONFIG
+        records after its mark; the records before the mark are not read."""
+        if is_redis_url(self.url):
+            yield from self.ordered()
+            return
+        path = file_path(self.url)
+        snapshot = last_snapshot(path)
+        if snapshot is None:
+            yield from self.ordered()
+            return
+        mark, state = snapshot
+        for _, record in stream_records(path, start=state):
+            yield record  # the state record
+            break
+        for offset, record in stream_records(path, start=mark):
+            if offset != state and (record.kind == RecordKind.BATCH or record.kind == RecordKind.CONFIG):
+                yield record
+
     def where(self, index: int, kind: RecordKind | None = None) -> str:
         """Where the ``index``-th (0-based) record of ``ordered()`` is, or of the records of
         ``kind`` (``batches()``, ``configs()``, ``directives()``): for a file, the record's
@@ -179,7 +200,7 @@ class JournalSource:
         path = file_path(self.url)
         seen = -1
         for number, (offset, record) in enumerate(file_records(path), start=1):
-            wanted = record.kind == kind if kind is not None else record.kind != RecordKind.DIRECTIVES
+            wanted = record.kind == kind if kind is not None else record.kind in (RecordKind.BATCH, RecordKind.CONFIG)
             seen += wanted
             if wanted and seen == index:
                 return f"{path}: record {number} (a {record.kind.name} record at byte offset {offset})"

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 
 from broker.journal.base import Journal
 from broker.journal.payloads import payload_problem
-from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, framed_size, scan, scan_frames
+from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, scan_frames
+from broker.journal.stream import good_length, stream_records
 from clients.regular_file import not_regular, open_regular
 
 
@@ -95,9 +96,8 @@ def open_for_append(path: str) -> tuple[int, int, int]:
             raise JournalError(f"journal {path}: {not_regular(path, mode).strerror}")
         os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as f:
-            data = f.read()
-        records, good = scan(data, path)
-        if good < len(data) or not data:
+            count, good, size = good_length(f, path)  # as a stream: the file is never held whole
+        if good < size or not size:
             # Cut the torn tail (or write the header of a new file) before appending.
             os.ftruncate(fd, good)
             if good == 0:
@@ -107,23 +107,19 @@ def open_for_append(path: str) -> tuple[int, int, int]:
     except BaseException:
         os.close(fd)
         raise
-    return fd, len(records), good
+    return fd, count, good
 
 
 def read_file_journal(path: str) -> Iterator[JournalRecord]:
-    """All complete records of a file journal, in order (a torn tail is ignored)."""
-    with open_regular(path) as f:
-        data = f.read()
-    records, _ = scan(data, path)
-    yield from records
+    """All complete records of a file journal, in order (a torn tail is ignored), read as a
+    stream (broker.journal.stream: one record in memory at a time)."""
+    for _, record in stream_records(path):
+        yield record
 
 
 def file_records(path: str) -> Iterator[tuple[int, JournalRecord]]:
     """(byte offset, record) of every complete record of a file journal, in order."""
-    offset = len(MAGIC)
-    for record in read_file_journal(path):
-        yield offset, record
-        offset += framed_size(len(record.payload))
+    return stream_records(path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +135,10 @@ class TornTail:
 def torn_tail(path: str) -> TornTail | None:
     """The torn tail of a file journal, or None when it ends with a whole record."""
     with open(path, "rb") as f:
-        data = f.read()
-    records, good = scan(data, path)
-    if good >= len(data) or good == 0:  # whole, or no header yet (scan says what is wrong)
+        count, good, size = good_length(f, path)
+    if good >= size or good == 0:  # whole, or no header yet (a read says what is wrong)
         return None
-    return TornTail(len(records), good, len(data) - good)
+    return TornTail(count, good, size - good)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,10 @@ class RecordKind(IntEnum):
     # last when it closes, so that ``replay --verify`` can tell a whole journal from one whose
     # tail was lost. Readers before it refuse a journal holding one ("unknown record kind 4").
     TRAILER = 4
+    # A compacted state (broker.journal.snapshots): a mark where it was taken, then the state
+    # as it was at the mark, written once a forked child has made it. Recovery starts from the
+    # last complete one; readers before it refuse a journal holding one.
+    SNAPSHOT = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ of the event loop: apply order and journal order are the same by construction.
 
 from __future__ import annotations
 
-import copy
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -28,7 +28,11 @@ from broker.config import (
 )
 from broker.journal import Journal, JournalRecord, RecordKind
 from broker.journal.base import NullJournal
+from broker.journal.file import FileJournal
 from broker.journal.payloads import BadRecord, batch_problem, config_problem
+from broker.journal.records import JournalError
+from broker.journal.snapshots import load_state
+from broker.journal.snapshots import parse as parse_snapshot
 from broker.journal.trailer import TrailerTally
 from broker.model.apply import BatchOutcome, apply_batch, client_key
 from broker.model.arms import Driving, SplitArms
@@ -36,6 +40,8 @@ from broker.model.core import Core
 from broker.model.stats import CoreStats
 from broker.model.wire import BatchReader, directive_to_pb, read_batch
 from broker.service.policy_counters import PolicyBaseline
+from broker.service.shadow_builds import CATCH_UP_PER_BATCH, ShadowBuild, check_shadow_config, fresh_shadow, start_build
+from broker.service.snapshot_writer import SnapshotWriter
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import directive_pb2 as dpb
 from kvbroker.v1 import intent_pb2 as pb
@@ -128,12 +134,17 @@ def arm_stats(name: str, role: str, core: Core, stats: CoreStats | None = None) 
     )
 
 
-def recovered_config(records: list[JournalRecord], index: int) -> CoreConfig:
-    """The config of the CONFIG record ``records[index]``; BadRecord if it is none."""
+def recovered_config(record: JournalRecord, index: int) -> CoreConfig:
+    """The config of the CONFIG record ``record`` (the ``index``-th read); BadRecord if it is none."""
     try:
-        return core_from_json(records[index].payload.decode())
+        return core_from_json(record.payload.decode())
     except (ConfigError, UnicodeDecodeError) as exc:
         raise BadRecord(index, config_problem(exc)) from None
+
+
+class UnreadableSnapshot(JournalError):
+    """The snapshot a restart was to start from cannot be read back: the start reads the
+    journal from its first record instead (broker.service.server)."""
 
 
 class BrokerService:
@@ -152,16 +163,39 @@ class BrokerService:
         self.overrides = overrides
         self.journal = journal
         self.recovered_batches = 0
-        records = list(recovered)
-        first = next((i for i, r in enumerate(records) if r.kind == RecordKind.CONFIG), None)
-        start = recovered_config(records, first) if first is not None else config.core
-        self.driving = Driving(start, records[first].generation if first is not None else 1)
+        # Read as a stream (a journal's records are never all in memory): only the records
+        # before the first CONFIG wait for it (none, but in a journal written before CONFIG
+        # records were).
+        records = iter(recovered)
+        held: list[JournalRecord] = []
+        first = None
+        # A restart from a snapshot (JournalSource.recovery): its state record comes first,
+        # then the records after its mark.
+        self.recovered_snapshot: int | None = None
+        for record in records:
+            if record.kind == RecordKind.CONFIG or record.kind == RecordKind.SNAPSHOT:
+                first = record
+                break
+            held.append(record)
+        if first is not None and first.kind == RecordKind.SNAPSHOT:
+            try:
+                self.driving = load_state(first.payload)
+            except JournalError as exc:
+                raise UnreadableSnapshot(str(exc)) from None
+            self.recovered_snapshot = parse_snapshot(first.payload)[0]
+            ordered: Iterable[JournalRecord] = records
+        else:
+            start = recovered_config(first, len(held)) if first is not None else config.core
+            self.driving = Driving(start, first.generation if first is not None else 1)
+            ordered = itertools.chain(held, [first] if first is not None else [], records)
         self.policy_baseline = PolicyBaseline()  # kvbroker ab: the primary's counters since its policy took over
-        for i, record in enumerate(records):
+        for i, record in enumerate(ordered):
             # The same path as live and replay, so the rebuilt state is the state the
             # broker had; the directives were sent before the restart and are not again.
+            if record.kind == RecordKind.SNAPSHOT:
+                continue
             if record.kind == RecordKind.CONFIG:
-                self._follow(recovered_config(records, i), record.generation)
+                self._follow(recovered_config(record, i), record.generation)
                 continue
             try:
                 batch = read_batch(record.payload)
@@ -173,6 +207,9 @@ class BrokerService:
             core.take_directives()
             self.recovered_batches += 1
         self.shadows: dict[str, Core] = {}
+        # Shadows a reload added, being copied off the event loop (broker.service.shadow_builds):
+        # they join ``shadows`` once their copy has arrived and caught up.
+        self.shadow_builds: dict[str, ShadowBuild] = {}
         self.journal_directives = config.journal.directives
         self.ack_after_journal = config.journal.ack_after == "journal"
         self.streams = 0
@@ -186,11 +223,13 @@ class BrokerService:
         # (write_trailers), so that replay --verify can tell the journal's tail is whole.
         # Recovered batches are not counted: the process that journaled them did (or not).
         self.tally = TrailerTally()
+        every = config.journal.snapshot_batches if isinstance(journal, FileJournal) else 0
+        self.snapshots = SnapshotWriter(journal, every, SCHEMA_MAJOR)
         if first is None or config.core != self.core_config:
             generation = self.generation + 1 if first is not None else self.generation
             self._follow(config.core, generation, force=first is None)
             self._journal_config()
-        self._set_shadows(config.core)
+        self._set_shadows(config.core, at_start=True)
 
     @property
     def core(self) -> Core:
@@ -247,22 +286,56 @@ class BrokerService:
     def _journal_config(self) -> None:
         self.journal.append(JournalRecord(RecordKind.CONFIG, SCHEMA_MAJOR, self.generation, core_to_json(self.core_config).encode()))
 
-    def _set_shadows(self, core_config: CoreConfig) -> None:
+    def _set_shadows(self, core_config: CoreConfig, *, at_start: bool = False) -> None:
         """Shadows follow config changes with their own policy, exactly as a replay of the
         journal through that policy does; one added later starts from a copy of the
-        primary's residency."""
+        primary's residency, taken off the event loop (broker.service.shadow_builds), or here
+        ``at_start``, before anything is served."""
         shadows: dict[str, Core] = {}
+        builds: dict[str, ShadowBuild] = {}
+        for name in core_config.policy.shadows:  # refuse a policy before copying for any
+            if name not in self.shadows and name not in self.shadow_builds:
+                check_shadow_config(with_policy(core_config, name))
         for name in core_config.policy.shadows:
             shadow_config = with_policy(core_config, name)
             current = self.shadows.get(name)
-            if current is None:
-                current = copy.deepcopy(self.core)
-                current.stats = CoreStats(len(current.tiers))
-                current.reconfigure(shadow_config, self.generation)
-            else:
+            build = self.shadow_builds.get(name)
+            if current is not None:
                 current.follow(shadow_config, self.generation)
-            shadows[name] = current
+                shadows[name] = current
+            elif build is not None:
+                build.follow(shadow_config, self.generation)
+                builds[name] = build
+            elif at_start:
+                shadows[name] = fresh_shadow(self.core, shadow_config, self.generation)
+            else:
+                started = start_build(name, self.core, shadow_config, self.generation)
+                if isinstance(started, Core):
+                    shadows[name] = started
+                else:
+                    builds[name] = started
         self.shadows = shadows
+        self.shadow_builds = builds
+
+    def _shadow_names(self) -> tuple[str, ...]:
+        """The shadows in force, in config order, copied or still being copied."""
+        return tuple(name for name in self.core_config.policy.shadows if name in self.shadows or name in self.shadow_builds)
+
+    def advance_shadow_builds(self, budget: int = CATCH_UP_PER_BATCH) -> None:
+        """Let the shadows being copied catch up by up to ``budget`` entries each; one that
+        has caught up joins ``shadows`` (a new dict, in config order)."""
+        ready: dict[str, Core] = {}
+        for name, build in self.shadow_builds.items():
+            shadow = build.catch_up(self.core, budget)
+            if shadow is not None:
+                ready[name] = shadow
+        if ready:
+            for name in ready:
+                del self.shadow_builds[name]
+            joined = {**self.shadows, **ready}
+            self.shadows = {name: joined[name] for name in self.core_config.policy.shadows if name in joined}
+            for name in ready:
+                log.info("shadow %s: copied off the event loop, reporting from generation %d", name, self.generation)
 
     def reload(self, text: str | None = None) -> spb.ReloadResponse:
         """Apply a new config (TOML text, or the config file read again) between batches.
@@ -287,7 +360,7 @@ class BrokerService:
             ):
                 if old_value != new_value:
                     raise ConfigError(f"{key}: cannot change while running (restart the broker to change it)")
-            if new.core != self.core_config or new.core.policy.shadows != tuple(self.shadows):
+            if new.core != self.core_config or new.core.policy.shadows != self._shadow_names():
                 previous, generation = self.core_config, self.generation
                 baseline = self.policy_baseline.base
                 self._follow(new.core, generation + 1, force=True)
@@ -342,6 +415,10 @@ class BrokerService:
         for shadow in self.shadows.values():
             apply_batch(shadow, batch)
             shadow.take_directives()
+        if self.shadow_builds:
+            for build in self.shadow_builds.values():
+                build.pending.append(raw)
+            self.advance_shadow_builds()
         generation = self.generation
         data = answer_bytes(batch, outcome, generation)
         answer = Answer(data, len(outcome.directives), len(outcome.rejections), outcome.duplicate)
@@ -351,6 +428,7 @@ class BrokerService:
         self.tally.add(client_key(batch.tenant, batch.client_id), batch.batch_seq)
         if self.journal_directives and outcome.directives:
             ordinal = self.journal.append(JournalRecord(RecordKind.DIRECTIVES, SCHEMA_MAJOR, generation, data))
+        self.snapshots.after_batch(self.driving, generation)
         return answer, ordinal if self.ack_after_journal else 0
 
     def write_trailers(self) -> int:
@@ -421,6 +499,8 @@ class BrokerService:
         return response
 
     def stats(self) -> spb.GetStatsResponse:
+        if self.shadow_builds:
+            self.advance_shadow_builds()
         cores = list(self.driving_cores().values())
         names = [t.name for t in self.core.tiers]
         events: dict[str, int] = {}

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import NoReturn
 
 import grpc
@@ -30,12 +30,13 @@ from broker.journal.lease import holder_name
 from broker.journal.payloads import BadRecord
 from broker.journal.redis_stream import RedisJournal, stream_exists
 from broker.journal.redis_urls import is_redis_url
+from broker.journal.stream import last_snapshot
 from broker.model.apply import client_key
 from broker.model.pbwire import key, length_delimited, varint
 from broker.model.wire import BatchReader, read_batch
 from broker.service import health as broker_health
 from broker.service import telemetry as broker_telemetry
-from broker.service.broker_service import Answer, BrokerService, VersionError
+from broker.service.broker_service import Answer, BrokerService, UnreadableSnapshot, VersionError
 from broker.service.limits import StreamCounts, UnreadAnswers, batch_work, events_refusal, seq_refusal, tenant_refusal, work_refusal
 from broker.service.security import (
     Access,
@@ -505,11 +506,11 @@ def journal_for(config: BrokerConfig) -> Journal:
     )
 
 
-def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
+def _recoverable(config: BrokerConfig, journal: Journal) -> Iterator[JournalRecord]:
     """The batches and config changes already in the journal, in order (read once the
-    writer has cut any torn tail)."""
+    writer has cut any torn tail), as a stream: BrokerService applies each as it is read."""
     if not config.journal.recover or isinstance(journal, NullJournal):
-        return []
+        return iter(())
     url = config.journal.url
     if isinstance(journal, RedisJournal):
         if journal.spool_records:  # the start could not drain a leftover spool
@@ -518,8 +519,16 @@ def _recoverable(config: BrokerConfig, journal: Journal) -> list[JournalRecord]:
                 f"({journal.last_error}); start again once Redis answers, or set journal.recover = false"
             )
         source = JournalSource(journal.url, journal.stream)
-        return list(source.ordered()) if stream_exists(journal.url, journal.stream) else []
-    return list(JournalSource(url).ordered())
+        return source.ordered() if stream_exists(journal.url, journal.stream) else iter(())
+    return JournalSource(url).recovery()
+
+
+def journal_snapshot(config: BrokerConfig) -> tuple[int, int] | None:
+    """Where the file journal's last complete snapshot is (broker.journal.stream), if any."""
+    try:
+        return last_snapshot(file_path(config.journal.url)) if is_file_url(config.journal.url) else None
+    except (OSError, JournalError):
+        return None
 
 
 def unreadable(config: BrokerConfig, journal: Journal, exc: BadRecord) -> str:
@@ -558,10 +567,24 @@ async def start_broker(
         await journal.close()
         raise
     try:
-        service = BrokerService(config, journal, recovered, config_path, overrides)
+        try:
+            service = BrokerService(config, journal, recovered, config_path, overrides)
+        except UnreadableSnapshot as exc:
+            log.warning("recovery: %s; reading the journal from its first record instead", exc)
+            service = BrokerService(config, journal, JournalSource(config.journal.url).ordered(), config_path, overrides)
+        except BadRecord:
+            if isinstance(journal, RedisJournal) or journal_snapshot(config) is None:
+                raise
+            # Met after a snapshot: its number counts from the snapshot's mark. Read from the
+            # first record, to name it as `repair` and the refusal's fix do.
+            BrokerService(config, journal, JournalSource(config.journal.url).ordered(), config_path, overrides)
+            raise
     except BadRecord as exc:
         await journal.close()
         raise JournalError(unreadable(config, journal, exc)) from None
+    except BaseException:  # a damaged journal met as it is read (JournalError), or worse
+        await journal.close()
+        raise
     if service.recovered_batches:
         log.info("recovered %d batches from %s", service.recovered_batches, journal.description)
     server = grpc.aio.server(
