@@ -119,7 +119,8 @@ def vllm_config(settings: HarnessSettings) -> VllmConfig:
     cache.num_gpu_blocks = settings.gpu_blocks
     transfer = None
     if settings.offloads:
-        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=connector_extra_config(settings))
+        extra = connector_extra_config(settings)
+        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra)
     return VllmConfig(
         scheduler_config=scheduler,
         model_config=model,
@@ -134,8 +135,9 @@ def kv_cache_config(settings: HarnessSettings) -> KVCacheConfig:
     vLLM's CPUOffloadingSpec counts the CPU tier's chunks from the cost model's bytes)."""
     per_token = settings.cost.kv_bytes_per_token
     if per_token % (4 * HEAD_DIM):
-        raise HarnessError(f"cost.kv_bytes_per_token: must be a multiple of {4 * HEAD_DIM} (K and V, 2 bytes, {HEAD_DIM} dims), got {per_token}")
-    spec = FullAttentionSpec(block_size=GPU_BLOCK_TOKENS, num_kv_heads=per_token // (4 * HEAD_DIM), head_size=HEAD_DIM, dtype=torch.bfloat16)
+        raise HarnessError(f"cost.kv_bytes_per_token: a multiple of {4 * HEAD_DIM} (K and V, {HEAD_DIM} bf16 dims), got {per_token}")
+    heads = per_token // (4 * HEAD_DIM)
+    spec = FullAttentionSpec(block_size=GPU_BLOCK_TOKENS, num_kv_heads=heads, head_size=HEAD_DIM, dtype=torch.bfloat16)
     return KVCacheConfig(num_blocks=settings.gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers"], spec)])
 
 
@@ -158,7 +160,7 @@ def offload_manager(scheduler: Scheduler) -> Any:
     connector = scheduler.connector
     if connector is None:
         return None
-    return connector.connector_scheduler.manager  # type: ignore[attr-defined]
+    return connector.connector_scheduler.manager
 
 
 @dataclasses.dataclass
