@@ -47,6 +47,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from vllm_integration.decisions_to_vllm import intent_bytes
 from vllm_integration.scheduler_harness.settings import GPU_BLOCK_TOKENS, HarnessError, HarnessSettings
 from vllm_integration.scheduler_harness.trace import TraceRequest
 
@@ -100,7 +101,6 @@ def connector_extra_config(settings: HarnessSettings) -> dict[str, Any]:
             cache_policy_module_path=ADAPTER_MODULE,
             kvbroker_policy=settings.policy_name,
             kvbroker_policy_params=dict(settings.policy_params),
-            kvbroker_report_s=0,
         )
     return extra
 
@@ -316,14 +316,41 @@ def _record_evictions(manager: Any, sink: list[bytes]) -> None:
     policy.evict = recorded
 
 
+class _Clock:
+    """The run's time (seconds), which kvbroker's policy reads as event time."""
+
+    now = 0.0
+
+
+def _trace_time(manager: Any, clock: _Clock) -> None:
+    """kvbroker's CachePolicy stamps its events with the run's time instead of the wall
+    clock (as ``kvbroker replay --engine vllm`` stamps them with the trace's), so that a
+    policy reading event time decides the same on the same inputs."""
+    translator = getattr(manager._policy, "translator", None)
+    if translator is None:
+        return
+
+    def timestamp() -> bytes:
+        ms = int(clock.now * 1000)
+        if ms != translator._ts_ms:
+            translator._ts_ms = ms
+            translator._ts = intent_bytes.timestamp(ms * 1000)
+        ts: bytes = translator._ts
+        return ts
+
+    translator.timestamp = timestamp
+
+
 def run(settings: HarnessSettings, requests: Sequence[TraceRequest]) -> RunResult:
     """Serve ``requests`` (by arrival) on the engine ``settings`` describe; every figure."""
     started = time.perf_counter()
     scheduler = build_scheduler(settings)
     manager = offload_manager(scheduler)
     evicted: list[bytes] = []
+    clock = _Clock()
     if manager is not None:
         _record_evictions(manager, evicted)
+        _trace_time(manager, clock)
     executor = _Executor(settings)
     hasher = get_request_block_hasher(GPU_BLOCK_TOKENS, sha256)
     arrivals = collections.deque(sorted(requests, key=lambda r: (r.arrival_s, r.index)))
@@ -349,6 +376,7 @@ def run(settings: HarnessSettings, requests: Sequence[TraceRequest]) -> RunResul
                 break
             now = arrivals[0].arrival_s * settings.time_scale
             continue
+        clock.now = now
         out = scheduler.schedule()
         steps += 1
         meta = out.kv_connector_metadata
@@ -380,6 +408,7 @@ def run(settings: HarnessSettings, requests: Sequence[TraceRequest]) -> RunResul
                 raise RuntimeError(f"the engine is stuck at {now:.3f} s: {scheduler.get_num_unfinished_requests()} requests, nothing runs")
         if out.total_num_scheduled_tokens or executor.pending():
             idle = 0
+        clock.now = now
         kv_output = executor.finish(meta, now)
         runner = ModelRunnerOutput(
             req_ids=req_ids,
