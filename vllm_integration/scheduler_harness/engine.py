@@ -199,6 +199,8 @@ class RunResult:
     # Every eviction the CPU tier's policy made, in order (its keys).
     evicted: list[bytes]
     wall_s: float
+    # The CPU tier's CachePolicy (None without a CPU tier): kvbroker's holds its core.
+    policy: Any = None
 
 
 @dataclasses.dataclass
@@ -438,4 +440,5 @@ def run(settings: HarnessSettings, requests: Sequence[TraceRequest]) -> RunResul
         cpu_chunks=cpu_chunks,
         evicted=evicted,
         wall_s=time.perf_counter() - started,
+        policy=manager._policy if manager is not None else None,
     )

@@ -71,8 +71,10 @@ class CostModel:
 class HarnessSettings:
     """One engine: its GPU prefix cache, its CPU tier and the policy deciding it, its limits."""
 
-    # vLLM's GPU KV cache, in 16-token blocks (block 0 is vLLM's null block).
-    gpu_blocks: int = 8192
+    # vLLM's GPU KV cache, in 16-token blocks (block 0 is vLLM's null block): 24,576 blocks
+    # (393k tokens, 48 GiB) is what an H100 80GB keeps for KV beside the 8B weights at vLLM's
+    # gpu_memory_utilization 0.9 (72 GB less 16 GB of weights, less activations).
+    gpu_blocks: int = 24576
     # vLLM's cpu_bytes_to_use: 0 runs the engine without a CPU tier (no connector).
     cpu_bytes: int = 0
     # The CPU tier's chunk, in tokens (vLLM's block_size in kv_connector_extra_config).

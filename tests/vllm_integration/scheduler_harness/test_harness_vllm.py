@@ -6,6 +6,10 @@ Marker ``vllm`` (the [vllm] venv)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +26,7 @@ from vllm_integration.scheduler_harness.figures import summarize  # noqa: E402
 from vllm_integration.scheduler_harness.settings import HarnessSettings  # noqa: E402
 from vllm_integration.scheduler_harness.trace import TraceRequest, mooncake  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[3]
 # A small engine, so that the GPU cache fills and the CPU tier evicts within 300 requests.
 SMALL = HarnessSettings(gpu_blocks=4096, cpu_bytes=24 << 30, time_scale=2.0)
 
@@ -96,3 +101,24 @@ def test_kvbroker_lru_evicts_exactly_what_vllms_lru_evicts(runs: dict[str, Any])
 def test_a_policy_that_decides_otherwise_shows_in_the_harness(runs: dict[str, Any]) -> None:
     # The comparison above could not fail if the policy were not consulted.
     assert runs["kvbroker:history_arc"].evicted != runs["vllm:lru"].evicted
+
+
+def test_replay_engine_vllm_scheduler_on_the_command_line(tmp_path: Path, trace: list[TraceRequest]) -> None:
+    """`kvbroker replay --engine vllm-scheduler` runs the harness with the job's policy
+    deciding the CPU tier (--hbm in tokens), and reports the harness's figures."""
+    lines = [*MOONCAKE.read_text().splitlines()[:120], ""]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines))
+    out = subprocess.run(
+        [sys.executable, "-m", "broker.cli.main", "replay", "--trace", str(path), "--format", "mooncake",
+         "--engine", "vllm-scheduler", "--hbm", "131072tok", "--policies", "lru", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    record = json.loads(out.stdout)[0]
+    direct = engine.run(HarnessSettings(cpu_bytes=131072 * HarnessSettings().cost.kv_bytes_per_token, policy="kvbroker:lru"), trace[:120])
+    f = summarize("lru", direct)
+    assert record["engine"] == "vllm-scheduler"
+    assert (record["prompt_blocks"], record["prefix_hits"]) == (f.prompt_tokens, f.cpu_hit_tokens)
+    assert (record["gpu_hit_tokens"], record["computed_tokens"]) == (f.gpu_hit_tokens, f.computed_tokens)
+    assert record["ttft_p50_s"] == f.ttft_p50_s and record["cpu_chunks"] == 256
+    assert record["evictions"] == len(direct.evicted)
