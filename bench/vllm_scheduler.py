@@ -42,7 +42,8 @@ GIB = 1 << 30
 def _run(settings: HarnessSettings, trace: list[TraceRequest]) -> Any:
     from vllm_integration.scheduler_harness import engine  # vLLM is imported here, in the worker
 
-    return engine.run(settings, trace)
+    # The CachePolicy stays in the worker (it does not pickle); the figures come back.
+    return dataclasses.replace(engine.run(settings, trace), policy=None)
 
 
 def _cell(base: HarnessSettings, engines: list[HarnessSettings], trace: list[TraceRequest], jobs: int) -> list[Figures]:
