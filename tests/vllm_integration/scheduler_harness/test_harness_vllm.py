@@ -122,3 +122,17 @@ def test_replay_engine_vllm_scheduler_on_the_command_line(tmp_path: Path, trace:
     assert (record["gpu_hit_tokens"], record["computed_tokens"]) == (f.gpu_hit_tokens, f.computed_tokens)
     assert record["ttft_p50_s"] == f.ttft_p50_s and record["cpu_chunks"] == 256
     assert record["evictions"] == len(direct.evicted)
+
+
+def test_the_bench_prints_a_row_per_policy_against_the_baseline() -> None:
+    args = ["--requests", "60", "--gpu-blocks", "4096", "--cpu-gib", "24", "--policies", "lru", "--store-thresholds", "1,2", "--json"]
+    bench = str(ROOT / "bench" / "vllm_scheduler.py")
+    out = subprocess.run([sys.executable, bench, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
+    (cell,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = {r["label"]: r for r in cell["rows"]}
+    assert list(rows) == ["no CPU tier", "vllm:lru st1", "vllm:lru st2", "vllm:arc st1", "vllm:arc st2", "kvbroker:lru"]
+    assert rows["no CPU tier"]["compute_saved"] == 0.0 and rows["no CPU tier"]["cpu_hit_tokens"] == 0
+    same = ("gpu_hit_tokens", "cpu_hit_tokens", "computed_tokens", "ttft_p50_s", "ttft_p99_s", "evictions")
+    assert [rows["kvbroker:lru"][k] for k in same] == [rows["vllm:lru st1"][k] for k in same]
+    for r in rows.values():
+        assert r["gpu_hit_tokens"] + r["cpu_hit_tokens"] + r["computed_tokens"] == r["prompt_tokens"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -68,3 +70,20 @@ def test_a_mooncake_prompt_is_its_blocks_tokens(tmp_path: pathlib.Path) -> None:
 def test_percentile_is_a_value_that_occurred() -> None:
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile(list(range(1, 101)), 0.99) == 99
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--policies", "nope"], "--policies"),
+        (["--policies", "belady"], "--policies"),
+        (["--gpu-blocks", "x"], "a size list"),
+        (["--gpu-blocks", "1"], "gpu_blocks"),
+    ],
+)
+def test_the_bench_refuses_bad_input_in_one_line(args: list[str], field: str) -> None:
+    root = pathlib.Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, str(root / "bench" / "vllm_scheduler.py"), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], done.stderr
