@@ -28,6 +28,7 @@ from broker.cli.checks import (
 from broker.config import ConfigError, load_config, parse_config
 from broker.journal.records import JournalError
 from broker.replay.engines import ENGINES
+from broker.replay.engines import missing as missing_engine
 
 
 def _config(path: str | None) -> Any:
@@ -542,6 +543,9 @@ def _check_engine(args: argparse.Namespace) -> None:
         raise BadInput("--engine", "vLLM's CPU tier is the one tier: size it with --hbm (no --dram, --nvme)")
     if args.config:
         raise BadInput("--engine", "sizes vLLM's CPU tier with --hbm; --config does not apply")
+    problem = missing_engine(args.engine)
+    if problem:
+        raise BadInput("--engine", problem)
 
 
 def _journals(args: argparse.Namespace) -> list[tuple[str, str | None]]:

@@ -11,6 +11,7 @@ skipped); a ``metrics["engine_record"]`` dict is added to the job's record as it
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -20,6 +21,17 @@ ENGINES: Final[dict[str, str]] = {
     # vLLM's own scheduler, GPU prefix cache and CPU tier, requests in flight together (issue 39).
     "vllm-scheduler": "vllm_integration.scheduler_harness.replay_engine:replay_engine",
 }
+
+# The third-party package an engine needs, checked before a job starts.
+REQUIRES: Final[dict[str, str]] = {"vllm-scheduler": "vllm"}
+
+
+def missing(name: str) -> str | None:
+    """Why engine ``name`` cannot run here (None if it can)."""
+    package = REQUIRES.get(name)
+    if package is not None and importlib.util.find_spec(package) is None:
+        return f"{name} runs vLLM's own scheduler: it needs {package} installed (pip install 'kvbroker[vllm]')"
+    return None
 
 
 def load(name: str) -> Callable[..., Any]:
