@@ -191,3 +191,13 @@ def test_only_the_doors_of_the_broker_import_the_vllm_integration() -> None:
     found = offenders(graph, ("broker",), ("vllm_integration",))
     assert sorted({name for name, _ in found}) == sorted(doors)
     assert [dep for name, dep in found if name == "broker.offload.vllm_policy"] == ["vllm_integration.decisions_to_vllm.cache_policy"]
+
+
+def test_the_broker_reaches_the_scheduler_harness_only_by_its_registered_name() -> None:
+    # `replay --engine vllm-scheduler` loads the harness by the dotted path broker/replay/engines.py
+    # names (imported when a job runs it): no broker module imports the harness's room.
+    found = offenders(import_graph(), ("broker",), ("vllm_integration.scheduler_harness",))
+    assert found == []
+    from broker.replay.engines import ENGINES
+
+    assert ENGINES["vllm-scheduler"].startswith("vllm_integration.scheduler_harness.")

@@ -28,6 +28,8 @@ from broker.cli.checks import (
 from broker.config import ConfigError, load_config, parse_config
 from broker.extras import clone_command, install_hint, package_version
 from broker.journal.records import JournalError
+from broker.replay.engines import ENGINES
+from broker.replay.engines import missing as missing_engine
 
 
 def _config(path: str | None) -> Any:
@@ -630,6 +632,9 @@ def _check_engine(args: argparse.Namespace) -> None:
         raise BadInput("--engine", "vLLM's CPU tier is the one tier: size it with --hbm (no --dram, --nvme)")
     if args.config:
         raise BadInput("--engine", "sizes vLLM's CPU tier with --hbm; --config does not apply")
+    problem = missing_engine(args.engine)
+    if problem:
+        raise BadInput("--engine", problem)
 
 
 def _journals(args: argparse.Namespace) -> list[tuple[str, str | None]]:
@@ -973,9 +978,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hbm", help="top tier capacities to sweep: 1GiB,4GiB or 1000000tok,3000000tok")
     p.add_argument(
         "--engine",
-        choices=["vllm"],
+        choices=sorted(ENGINES),
         help="vllm: run a Mooncake trace's requests as vLLM's CPU offload tier does (prefix lookups, stores, its CachePolicy calls); "
-        "--hbm sizes that tier; the hit rate is vLLM's",
+        "vllm-scheduler: through vLLM's own scheduler, GPU prefix cache and CPU tier, requests in flight together, "
+        "with TTFT (needs vLLM; docs/vllm.md); --hbm sizes the CPU tier; the hit rate is vLLM's",
     )
     p.add_argument("--dram", help="second tier capacities to sweep")
     p.add_argument("--nvme", help="third tier capacities to sweep")

@@ -53,8 +53,9 @@ class Source:
     options: TraceOptions = dataclasses.field(default_factory=TraceOptions)
     # Replay with the engine's intent stripped (phase, priority, deadline): --ablate-intent.
     ablate_intent: bool = False
-    # --engine: "" replays the trace's events as imported; "vllm" runs a Mooncake trace's
-    # requests as vLLM's CPU offload manager does (broker.replay.engine_vllm), closed loop.
+    # --engine: "" replays the trace's events as imported; else a Mooncake trace's requests
+    # run through an engine (broker.replay.engines: "vllm", vLLM's CPU offload manager alone;
+    # "vllm-scheduler", vLLM's scheduler with its GPU cache in front).
     engine: str = ""
 
     def batches(self) -> tuple[BatchSource, SkipCounter]:
@@ -122,9 +123,9 @@ def run_job(job: Job, progress: bool = False, data: SourceData | None = None) ->
     """Replay one job; the flat record of ``ReplayResult.as_record`` plus capacities.
     ``data``: the source already read (broker.replay.preread), instead of reading it here."""
     if job.source.engine:
-        from broker.replay.engine_vllm import replay_engine
+        from broker.replay import engines
 
-        result, skipped = replay_engine(job.source, job.config, job.policy, job.params)
+        result, skipped = engines.load(job.source.engine)(job.source, job.config, job.policy, job.params)
     else:
         batches, skips = job.source.batches() if data is None else (data.batches(), SkipCounter())
         expected = None
@@ -148,6 +149,7 @@ def run_job(job: Job, progress: bool = False, data: SourceData | None = None) ->
         )
         skipped = skips.skipped if data is None else data.skipped_lines
     record = result.as_record()
+    record.update(result.metrics.get("engine_record", {}))
     record["source"] = job.source.label
     record["params"] = job.effective_params()
     record["capacity_bytes"] = {t.name: t.capacity_bytes for t in job.config.tiers}
