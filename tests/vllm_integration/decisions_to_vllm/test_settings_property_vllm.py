@@ -41,7 +41,7 @@ NUMBERS = st.one_of(
     st.sampled_from([0.0, -0.0, 1e-9, 1e-300, 0.5, 1.0, 64.0, 1024.0, 1e10, 1e308, float("nan"), float("inf")]),
 )
 TEXTS = st.one_of(
-    st.sampled_from(LIVE + ["belady", "nope", "", "lru,arc", "0.5,2,4", "evil:Cls", "os:system", "none", "file:///x"]),
+    st.sampled_from([*LIVE, "belady", "nope", "", "lru,arc", "0.5,2,4", "evil:Cls", "os:system", "none", "file:///x"]),
     st.text(max_size=40),
     st.sampled_from(["acme\ud800", "\x1b[2J", "t" * 300, "x" * 5000, "\udfff\ud800"]),
 )
@@ -49,7 +49,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), NUMBERS, TEXTS)
 VALUES = st.one_of(
     SCALARS,
     st.lists(SCALARS, max_size=10),
-    st.dictionaries(st.sampled_from(PARAMS + ["bogus"]), SCALARS, max_size=3),
+    st.dictionaries(st.sampled_from([*PARAMS, "bogus"]), SCALARS, max_size=3),
 )
 KEYS = st.sampled_from(["kvbroker_" + name for name in READERS if name != "settings_file"] + ["kvbroker_polcy", "cpu_bytes_to_use"])
 
@@ -139,9 +139,9 @@ def run(folder: Path, files: list[str], seed: int, lines: Lines) -> None:
         except SettingsError:
             expected = None
         if expected is None:
-            wait_for(lambda: live.refused == before_refused + 1, f"file {n} not refused: {text[:200]!r}")
+            wait_for(lambda count=before_refused + 1: live.refused == count, f"file {n} not refused: {text[:200]!r}")
         else:
-            wait_for(lambda: live._latest == expected, f"file {n} not handed over: {text[:200]!r}")
+            wait_for(lambda new=expected: live._latest == new, f"file {n} not handed over: {text[:200]!r}")
         # vLLM's calls go on; the switch applies at the next one.
         driver().random_stream(manager, seed + n, STEPS, positions=True, docs=6)
         refusals = [r for r in lines.records[:] if r.levelno == logging.WARNING and "refused" in r.getMessage()]
