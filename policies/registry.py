@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 from policies.base import Policy, PolicyError
-from policies.params import check_ranges
+from policies.params import check_ranges, range_of
 
 # name -> "module:Class". Imported lazily so that listing names costs nothing.
 BUILTIN: dict[str, str] = {
@@ -105,6 +105,12 @@ def make_params(cls: type[Policy], values: dict[str, Any] | None) -> Any:
 
 
 def describe(cls: type[Policy]) -> dict[str, Any]:
-    """Name, one-line description and parameters with defaults, for `kvbroker policies`."""
+    """Name, one-line description, parameters with defaults and the ranges of the numeric
+    ones (``[lo, hi]``, an open end shown as ``(`` or ``)``), for `kvbroker policies`."""
     params = {f.name: getattr(cls.Params(), f.name) for f in dataclasses.fields(cls.Params)}
-    return {"name": cls.name, "description": cls.description, "offline": cls.offline, "params": params}
+    ranges = {}
+    for f in dataclasses.fields(cls.Params):
+        bounds = range_of(f)
+        if bounds is not None:
+            ranges[f.name] = bounds.describe(isinstance(f.default, int)).partition(" in ")[2]
+    return {"name": cls.name, "description": cls.description, "offline": cls.offline, "params": params, "ranges": ranges}
