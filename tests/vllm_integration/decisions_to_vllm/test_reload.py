@@ -147,7 +147,7 @@ def unreadable(engine: Engine) -> None:
 
 BAD: list[tuple[str, Callable[[Engine], None], str]] = [
     ("deleted", lambda e: e.path.unlink(), "unreadable (No such file or directory)"),
-    ("unreadable", unreadable, "unreadable (Is a directory)"),
+    ("unreadable", unreadable, "unreadable (a folder, not a regular file)"),
     ("not JSON", lambda e: e.write('{"kvbroker_policy": "arc"'), "not valid JSON"),
     ("not an object", lambda e: e.write('"arc"'), "expected a JSON object of kvbroker_* keys, got str"),
     ("unknown key", lambda e: e.write({"kvbroker_policy": "arc", "kvbroker_polcy": "s3fifo"}), "kvbroker_polcy: unknown key"),
