@@ -12,6 +12,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 from policies.structures import SortedKeys
 
 TAIL, PROBATION, MAIN = 0, 1, 2
@@ -32,7 +33,7 @@ class AdaptiveParams:
     renormalised after every regret, so the rate sets how fast the choice can flip, not
     where it settles."""
 
-    learning_rate: float = 0.45
+    learning_rate: float = bounded(0.45, 0.0, 10.0, lo_open=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.learning_rate, (int, float)) or not 0.0 < self.learning_rate <= 10.0:

@@ -11,6 +11,7 @@ from enum import IntEnum
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 from policies.structures import SortedKeys
 
 
@@ -39,9 +40,9 @@ class BayesianReuseParams:
     ``horizon_turnovers``: a block counts as reused when it is read again before the tier
     has evicted this many times its capacity in bytes since the block's last transition."""
 
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
-    horizon_turnovers: float = 1.0
+    prior_alpha: float = bounded(1.0, 0.0, 1e9, lo_open=True)
+    prior_beta: float = bounded(1.0, 0.0, 1e9, lo_open=True)
+    horizon_turnovers: float = bounded(1.0, 0.0, 1e6, lo_open=True)
 
     def __post_init__(self) -> None:
         for name in ("prior_alpha", "prior_beta", "horizon_turnovers"):

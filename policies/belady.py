@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, PolicyError, take_until
+from policies.params import bounded
 from policies.structures import SortedKeys
 
 
@@ -16,7 +17,7 @@ from policies.structures import SortedKeys
 class BeladyParams:
     # Blocks of different sizes: among the `window` farthest-used candidates, evict the
     # ones with the largest size x distance first (0 = plain Belady on next use only).
-    size_window: int = 0
+    size_window: int = bounded(0, 0, 1_000_000)
 
     def __post_init__(self) -> None:
         if self.size_window < 0:

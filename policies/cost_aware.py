@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block
+from policies.params import bounded
 from policies.scored import Key, StepScoredPolicy, step_of
 
 
@@ -13,8 +14,8 @@ class CostAwareParams:
     """``freq_weight``: weight of a read (the lab's 2.0); ``size_weight``: penalty per KiB
     (the lab's 0.4)."""
 
-    freq_weight: float = 2.0
-    size_weight: float = 0.4
+    freq_weight: float = bounded(2.0, 0.0, 1e9)
+    size_weight: float = bounded(0.4, 0.0, 1e9)
 
     def __post_init__(self) -> None:
         if not isinstance(self.freq_weight, (int, float)) or self.freq_weight < 0:

@@ -6,6 +6,7 @@ import dataclasses
 
 from policies.base import Block, Phase, Priority
 from policies.intent_aware import IntentAwarePolicy, IntentParams
+from policies.params import bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,9 +15,9 @@ class DeadlineParams(IntentParams):
     its deadline is within ``prefetch_deadline_us``, or its slack is at most
     ``prefetch_slack_us``, or its reuse window is at most ``prefetch_reuse_tokens``."""
 
-    prefetch_deadline_us: int = 5000
-    prefetch_slack_us: int = 2000
-    prefetch_reuse_tokens: int = 8
+    prefetch_deadline_us: int = bounded(5000, 0, 10**12)
+    prefetch_slack_us: int = bounded(2000, 0, 10**12)
+    prefetch_reuse_tokens: int = bounded(8, 0, 2**32 - 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()

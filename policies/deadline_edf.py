@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Final
 from mypy_extensions import mypyc_attr, u8
 
 from policies.base import Block, Policy, PolicyContext, take_until, untrack
+from policies.params import bounded
 from policies.priority_lru import PriorityLRUPolicy
 from policies.structures import SortedKeys
 
@@ -65,9 +66,9 @@ class DeadlineEDFParams:
     evicted inside it would be proposed for prefetch at once); ``default_recompute_us``:
     the recompute cost of a block that gives none."""
 
-    stale_after_us: int = 10_000
-    guard_us: int = 500
-    default_recompute_us: int = 4_000
+    stale_after_us: int = bounded(10_000, 0, 10**12)
+    guard_us: int = bounded(500, 0, 10**12)
+    default_recompute_us: int = bounded(4_000, 0, 10**12)
 
     def __post_init__(self) -> None:
         for name in ("stale_after_us", "guard_us", "default_recompute_us"):

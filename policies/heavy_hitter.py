@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block
+from policies.params import bounded
 from policies.scored import Key, StepScoredPolicy
 
 
@@ -12,7 +13,7 @@ from policies.scored import Key, StepScoredPolicy
 class HeavyHitterParams:
     """``freq_weight``: steps of recency one read is worth (the lab's 10000)."""
 
-    freq_weight: int = 10_000
+    freq_weight: int = bounded(10_000, 0, 10**12)
 
     def __post_init__(self) -> None:
         if not isinstance(self.freq_weight, int) or self.freq_weight < 0:

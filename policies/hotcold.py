@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block
+from policies.params import bounded
 from policies.scored import Key, ScoredPolicy, recency
 
 
@@ -12,7 +13,7 @@ from policies.scored import Key, ScoredPolicy, recency
 class HotColdParams:
     """``recency_horizon_us``: idle time after which the seed's recency_score reaches 0."""
 
-    recency_horizon_us: int = 100_000
+    recency_horizon_us: int = bounded(100_000, 1, 10**12)
 
     def __post_init__(self) -> None:
         if not isinstance(self.recency_horizon_us, int) or self.recency_horizon_us < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block, Phase, Priority
+from policies.params import bounded
 from policies.scored import Key, ScoredPolicy, SeedLabels, descending, recency, until_deadline
 
 # Priority terms of the eviction score and of the risk; UNSPECIFIED counts as WARM.
@@ -31,8 +32,8 @@ class IntentParams:
     """``us_per_step``: event-time microseconds per seed step (for age and steps to the
     target decode step); ``recency_horizon_us``: idle time after which recency_score is 0."""
 
-    us_per_step: int = 1000
-    recency_horizon_us: int = 100_000
+    us_per_step: int = bounded(1000, 1, 10**12)
+    recency_horizon_us: int = bounded(100_000, 1, 10**12)
 
     def __post_init__(self) -> None:
         if not isinstance(self.us_per_step, int) or self.us_per_step < 1:

@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 from policies.structures import DList, Node
 
 
@@ -16,8 +17,8 @@ from policies.structures import DList, Node
 class LFUParams:
     """``age_every``: accesses between two halvings; ``max_freq``: the counter's ceiling."""
 
-    age_every: int = 4096
-    max_freq: int = 63
+    age_every: int = bounded(4096, 1, 2**32)
+    max_freq: int = bounded(63, 1, 65_535)
 
     def __post_init__(self) -> None:
         if not isinstance(self.age_every, int) or self.age_every < 1:

@@ -8,6 +8,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 from policies.structures import IndexedHeap
 
 
@@ -16,8 +17,8 @@ class LRUKParams:
     """``k``: which past reference decides (2 = LRU-2); ``retained_ratio``: bytes of history
     kept for evicted blocks, as a fraction of the tier's capacity (0 keeps none)."""
 
-    k: int = 2
-    retained_ratio: float = 1.0
+    k: int = bounded(2, 1, 64)
+    retained_ratio: float = bounded(1.0, 0.0, 1024.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:

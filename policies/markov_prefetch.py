@@ -9,6 +9,7 @@ from typing import Any
 
 from policies.base import Block, PolicyContext
 from policies.heavy_hitter import HeavyHitterParams, HeavyHitterPolicy
+from policies.params import bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,11 +19,11 @@ class MarkovPrefetchParams(HeavyHitterParams):
     (2); ``max_successors``: successors remembered per block (8); ``max_sources``: blocks
     whose successors are remembered, the least recently updated dropped first."""
 
-    freq_weight: int = 100
-    fanout: int = 2
-    min_count: int = 2
-    max_successors: int = 8
-    max_sources: int = 1_000_000
+    freq_weight: int = bounded(100, 0, 10**12)
+    fanout: int = bounded(2, 1, 1024)
+    min_count: int = bounded(2, 1, 2**32)
+    max_successors: int = bounded(8, 1, 1024)
+    max_sources: int = bounded(1_000_000, 1, 10**8)
 
     def __post_init__(self) -> None:
         super().__post_init__()

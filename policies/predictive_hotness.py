@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from policies.base import Block
+from policies.params import bounded
 from policies.scored import Key, ScoredPolicy, SeedLabels, recency
 
 # The seed's reuse horizon in tokens: a reuse window of 64 or more (or none) gives no boost.
@@ -16,8 +17,8 @@ class PredictiveHotnessParams:
     """``recency_horizon_us``: idle time after which the seed's recency_score reaches 0;
     ``recency_weight``: weight of recency (the reuse hint gets 1 - recency_weight)."""
 
-    recency_horizon_us: int = 100_000
-    recency_weight: float = 0.7
+    recency_horizon_us: int = bounded(100_000, 1, 10**12)
+    recency_weight: float = bounded(0.7, 0.0, 1.0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.recency_horizon_us, int) or self.recency_horizon_us < 1:

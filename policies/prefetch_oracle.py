@@ -10,6 +10,7 @@ from typing import Any
 
 from policies.base import Block, PolicyContext
 from policies.belady import BeladyParams, BeladyPolicy
+from policies.params import bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,7 @@ class PrefetchOracleParams(BeladyParams):
     """``lookahead_events``: how far ahead, in events of the stream, a block's next read
     makes it a prefetch candidate (the events of about one engine iteration by default)."""
 
-    lookahead_events: int = 64
+    lookahead_events: int = bounded(64, 1, 10**9)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,6 +10,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 
 TAIL, PROBATION, REUSED = 0, 1, 2
 
@@ -17,10 +18,10 @@ TAIL, PROBATION, REUSED = 0, 1, 2
 @dataclasses.dataclass(frozen=True)
 class PrefixAwareParams:
     # A block joins the reused segment once later prompts brought it back this many times.
-    reuse_threshold: int = 1
+    reuse_threshold: int = bounded(1, 1, 2**32)
     # The reused segment may hold at most this share of the tier's bytes; its least recent
     # blocks overflow to the probation segment, so reuse that stopped does not squat.
-    reused_share: float = 0.8
+    reused_share: float = bounded(0.8, 0.0, 1.0, lo_open=True)
 
     def __post_init__(self) -> None:
         if self.reuse_threshold < 1:

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from policies.base import Policy, PolicyError
+from policies.params import check_ranges, range_of
 
 # name -> "module:Class". Imported lazily so that listing names costs nothing.
 BUILTIN: dict[str, str] = {
@@ -46,12 +47,20 @@ def names() -> list[str]:
     return sorted(BUILTIN)
 
 
-def policy_class(spec: str) -> type[Policy]:
-    """Resolve a built-in name or an out-of-tree ``module:Class`` to a policy class."""
+def policy_class(spec: str, *, may_import: bool = True) -> type[Policy]:
+    """Resolve a built-in name or an out-of-tree ``module:Class`` to a policy class.
+
+    ``may_import=False``: a built-in name only; a ``module:Class`` is refused before
+    anything is imported (a name from a file anyone may write must not run code)."""
     target = BUILTIN.get(spec)
     if target is None:
         if ":" not in spec:
             raise PolicyError(f"unknown policy {spec!r}; built-in policies: {', '.join(names())}; or give module:Class")
+        if not may_import:
+            raise PolicyError(
+                f"{spec!r} is not a built-in policy (built-in: {', '.join(names())}); "
+                "a module:Class policy is loaded only from the start-up configuration"
+            )
         target = spec
     module_name, _, class_name = target.partition(":")
     try:
@@ -67,7 +76,8 @@ def policy_class(spec: str) -> type[Policy]:
 def make_params(cls: type[Policy], values: dict[str, Any] | None) -> Any:
     """Build the frozen parameter object of ``cls`` from plain config values.
 
-    Unknown keys and values of the wrong type are refused with the parameter named.
+    Unknown keys, values of the wrong type and numbers outside the range the parameter
+    declares (policies.params) are refused with the parameter named.
     """
     values = dict(values or {})
     fields = {f.name: f for f in dataclasses.fields(cls.Params)}
@@ -81,16 +91,26 @@ def make_params(cls: type[Policy], values: dict[str, Any] | None) -> Any:
             isinstance(default, (int, float)) and not isinstance(value, (int, float))
         ):
             raise PolicyError(f"policy {cls.name}: parameter {key} must be {type(default).__name__}, got {value!r}")
-        if isinstance(default, float):
-            values[key] = float(value)
+        if isinstance(default, float) and isinstance(value, int):
+            try:
+                values[key] = float(value)
+            except OverflowError:  # an int no float holds (10**400): out of any range
+                raise PolicyError(f"policy {cls.name}: parameter {key} is too large, got {value!r}") from None
     try:
         params = cls.Params(**values)
-    except (TypeError, ValueError) as exc:
+        check_ranges(params)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise PolicyError(f"policy {cls.name}: {exc}") from exc
     return params
 
 
 def describe(cls: type[Policy]) -> dict[str, Any]:
-    """Name, one-line description and parameters with defaults, for `kvbroker policies`."""
+    """Name, one-line description, parameters with defaults and the ranges of the numeric
+    ones (``[lo, hi]``, an open end shown as ``(`` or ``)``), for `kvbroker policies`."""
     params = {f.name: getattr(cls.Params(), f.name) for f in dataclasses.fields(cls.Params)}
-    return {"name": cls.name, "description": cls.description, "offline": cls.offline, "params": params}
+    ranges = {}
+    for f in dataclasses.fields(cls.Params):
+        bounds = range_of(f)
+        if bounds is not None:
+            ranges[f.name] = bounds.describe(isinstance(f.default, int)).partition(" in ")[2]
+    return {"name": cls.name, "description": cls.description, "offline": cls.offline, "params": params, "ranges": ranges}

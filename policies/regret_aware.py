@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 from policies.base import Block, PolicyContext
+from policies.params import bounded
 from policies.scored import Key, StepScoredPolicy, step_of
 
 
@@ -17,11 +18,11 @@ class RegretAwareParams:
     ``decay``: regret kept per read of the block (0.98); ``max_history``: evicted ids
     remembered, the oldest dropped first."""
 
-    freq_weight: float = 1.5
-    regret_weight: float = 6.0
-    horizon: int = 24
-    decay: float = 0.98
-    max_history: int = 1_000_000
+    freq_weight: float = bounded(1.5, 0.0, 1e9)
+    regret_weight: float = bounded(6.0, 0.0, 1e9)
+    horizon: int = bounded(24, 1, 10**9)
+    decay: float = bounded(0.98, 0.0, 1.0)
+    max_history: int = bounded(1_000_000, 0, 10**8)
 
     def __post_init__(self) -> None:
         for name in ("freq_weight", "regret_weight"):

@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext
+from policies.params import bounded
 
 MAX_FREQ = 3  # the paper's two-bit counter
 VARIANTS = ("paper", "libcachesim")
@@ -30,9 +31,9 @@ class S3FIFOParams:
     the first eviction, a new block goes to M once S holds its share, and S's share is
     counted in whole blocks (the class docstring says more)."""
 
-    small_ratio: float = 0.1
-    ghost_ratio: float = 0.9
-    move_to_main_threshold: int = 1
+    small_ratio: float = bounded(0.1, 0.0, 1.0, lo_open=True, hi_open=True)
+    ghost_ratio: float = bounded(0.9, 0.0, 1024.0)
+    move_to_main_threshold: int = bounded(1, 1, MAX_FREQ)
     variant: str = "paper"
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from policies.base import Block, Policy, PolicyContext, take_until
+from policies.params import bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,8 +17,8 @@ class TwoQueueParams:
     """``active_ratio``: the active queue's cap, as a fraction of the tier's bytes;
     ``promote_after``: reads while inactive that promote a block (1 = the first reuse)."""
 
-    active_ratio: float = 0.5
-    promote_after: int = 1
+    active_ratio: float = bounded(0.5, 0.0, 1.0, lo_open=True)
+    promote_after: int = bounded(1, 1, 2**32)
 
     def __post_init__(self) -> None:
         if not isinstance(self.active_ratio, (int, float)) or not 0.0 < self.active_ratio <= 1.0:

@@ -7,6 +7,7 @@ from collections import deque
 from typing import Any
 
 from policies.base import Block, PolicyContext
+from policies.params import bounded
 from policies.scored import Key, StepScoredPolicy
 
 
@@ -15,8 +16,8 @@ class WindowedRecencyParams:
     """``window``: how many of the latest reads count as hits (the lab's W = 32);
     ``hit_weight``: steps of recency one hit is worth (the lab's 1e6)."""
 
-    window: int = 32
-    hit_weight: int = 1_000_000
+    window: int = bounded(32, 1, 1_000_000)
+    hit_weight: int = bounded(1_000_000, 0, 10**12)
 
     def __post_init__(self) -> None:
         if not isinstance(self.window, int) or self.window < 1:

@@ -800,7 +800,8 @@ def cmd_policies(args: argparse.Namespace) -> int:
         return 0
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "no parameters"
+        params = ", ".join(f"{k}={v}" + (f" in {r['ranges'][k]}" if k in r["ranges"] else "") for k, v in r["params"].items())
+        params = params or "no parameters"
         offline = " [replay only]" if r["offline"] else ""
         print(f"{r['name']:<{width}}  {r['description']}{offline}  ({params})")
     return 0

@@ -80,21 +80,34 @@ def read_status(path: str) -> dict[str, Any]:
     return status
 
 
+def shown(value: Any) -> str:
+    """``value`` as text safe for a terminal: a character that is not printable (ESC, CR,
+    BEL, a bidirectional override, ...) is written as its escape (``\\x1b``), so a status
+    file cannot move the cursor, recolour or retitle the reader's terminal. Letters of any
+    script stay as they are."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def table(status: Mapping[str, Any], now: float) -> str:
-    """The rows as an aligned table, under a line saying whose figures and how old."""
+    """The rows as an aligned table, under a line saying whose figures and how old (the
+    file's strings escaped: ``shown``)."""
     age = now - float(status["time"])
     try:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(status["time"])))
     except (OverflowError, OSError, ValueError):  # a time no calendar holds
         when = "at an impossible time"
     head = (
-        f"client {status['client_id']}, pid {status['pid']}, policy {status['policy']}, CPU tier {status['capacity']} chunks; "
+        f"client {shown(status['client_id'])}, pid {status['pid']}, policy {shown(status['policy'])}, "
+        f"CPU tier {status['capacity']} chunks; "
         f"written {when}, {age:.1f} s ago"
     )
     cells = [list(COLUMNS)] + [
         [
-            str(row["role"]),
-            str(row["policy"]),
+            shown(row["role"]),
+            shown(row["policy"]),
             str(row["capacity"]),
             str(row["hits"]),
             str(row["asked"]),
@@ -106,7 +119,7 @@ def table(status: Mapping[str, Any], now: float) -> str:
     widths = [max(len(r[c]) for r in cells) for c in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    tail = [f"metrics: {status['metrics_url']}"] if isinstance(status.get("metrics_url"), str) else []
+    tail = [f"metrics: {shown(status['metrics_url'])}"] if isinstance(status.get("metrics_url"), str) else []
     return "\n".join([head, "", *lines, *tail])
 
 

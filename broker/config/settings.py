@@ -450,29 +450,38 @@ def _split(raw: dict[str, Any]) -> tuple[tuple[str, float], ...]:
     return tuple(arms)
 
 
-def validate_policy(core: CoreConfig) -> None:
-    """Resolve the policy and its parameters now, so a bad one is refused before use."""
-    from policies.base import PolicyError
+def validate_policy(core: CoreConfig, *, may_import: bool = True) -> None:
+    """Resolve the policy and its parameters now, and build the policy for each tier, so a
+    bad one is refused before use: what validates is what runs (``may_import=False``:
+    built-in names only, policies.registry.policy_class)."""
+    from policies.base import Clock, PolicyContext, PolicyError
     from policies.registry import make_params, policy_class
 
     try:
-        cls = policy_class(core.policy.name)
+        cls = policy_class(core.policy.name, may_import=may_import)
     except PolicyError as exc:
         raise ConfigError(f"policy.name: {exc}") from exc
     try:
-        make_params(cls, core.policy.params)
+        params = make_params(cls, core.policy.params)
     except PolicyError as exc:
         raise ConfigError(f"policy.params: {exc}") from exc
+    if not cls.offline:
+        infos = tuple(t.info(i) for i, t in enumerate(core.tiers))
+        for info in infos:
+            try:
+                cls(PolicyContext(info, infos, Clock()), params)
+            except Exception as exc:  # a policy's own refusal, or a parameter its arithmetic cannot take
+                raise ConfigError(f"policy.params: policy {cls.name} at tier {info.name!r}: {exc}") from exc
     for i, shadow in enumerate(core.policy.shadows):
         try:
-            shadow_cls = policy_class(shadow)
+            shadow_cls = policy_class(shadow, may_import=may_import)
         except PolicyError as exc:
             raise ConfigError(f"policy.shadows[{i}]: {exc}") from exc
         if shadow_cls.offline:
             raise ConfigError(f"policy.shadows[{i}]: {shadow} needs the future of the stream; it runs in replay only")
     for arm, _ in core.policy.split:
         try:
-            arm_cls = policy_class(arm)
+            arm_cls = policy_class(arm, may_import=may_import)
         except PolicyError as exc:
             raise ConfigError(f"policy.split.{arm}: {exc}") from exc
         if arm_cls.offline:

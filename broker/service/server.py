@@ -639,7 +639,11 @@ async def watch_config(service: BrokerService, path: str, interval: float = 1.0)
         now = signature()
         if now is not None and now != last:
             last = now
-            result = service.reload()
+            try:
+                result = service.reload()
+            except Exception:  # the watcher must outlive any surprise: later files still apply
+                log.exception("config file changed: the reload failed; the config in force keeps serving")
+                continue
             log.info("config file changed: %s", "reloaded" if result.ok else f"refused: {result.error}")
 
 

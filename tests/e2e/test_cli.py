@@ -42,6 +42,10 @@ def test_policies_lists_every_policy_with_description_and_parameters() -> None:
     names = {r["name"] for r in rows}
     assert {"lru", "priority_lru"} <= names
     assert all(r["description"] and isinstance(r["params"], dict) for r in rows)
+    # Each numeric parameter's range (issue 41): what a value outside is refused against.
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["lru_k"]["ranges"] == {"k": "[1, 64]", "retained_ratio": "[0, 1024]"}
+    assert by_name["s3fifo"]["ranges"]["small_ratio"] == "(0, 1)" and by_name["arc"]["ranges"] == {}
 
 
 SERVE_CONFIG = '[policy]\nname = "lru"\n[[tiers]]\nname = "hbm"\ncapacity = 1000\n[[tiers]]\nname = "dram"\ncapacity = 100000\n'

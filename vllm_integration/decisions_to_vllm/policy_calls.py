@@ -80,6 +80,9 @@ MAX_REQUEST_ID_BYTES: Final = 256
 MAX_POSITION: Final = 2**63 - 1
 # The reason of the EVICT directives an eviction_requested makes (broker.model.core).
 REQUESTED: Final = "eviction requested"
+# The block id of the empty key (a key's id is its hex, and the core rejects an empty id):
+# "-" is no hex string, so it names no other key.
+EMPTY_KEY_ID: Final = "-"
 # The largest deadline_us MemoryIntent carries (int64).
 MAX_DEADLINE_US: Final = 2**63 - 1
 
@@ -403,7 +406,10 @@ class Translator:
 
     def insert(self, key: Any, chunk: Any, req_context: Any) -> None:
         # The hot path (vLLM calls it once per chunk stored): written out.
-        block_id = key.hex()
+        # vLLM's keys are block hashes; an empty one (its interface allows it) is a key as
+        # any other, as in vLLM's LRU: an id no hex string can be, not the empty id the
+        # core rejects (its chunk could then never be evicted).
+        block_id = key.hex() or EMPTY_KEY_ID
         field = intent_bytes.id_field(block_id)
         self.entries[key] = (chunk, block_id, field)
         self.by_id[block_id] = key
@@ -525,8 +531,9 @@ class Translator:
         self.held.add(key)
 
     def evict(self, n: int, protected: Iterable[Any]) -> list[tuple[Any, Any]] | None:
-        """Exactly ``n`` (key, chunk) victims, none protected nor held, or None (no change)."""
-        if n == 0:
+        """Exactly ``n`` (key, chunk) victims, none protected nor held, or None (no change);
+        ``n`` <= 0 asks for none: [] (vLLM's LRU answers a negative count so too)."""
+        if n <= 0:
             return []
         if self.reload_due:
             self.reload_now()  # a switch is in force from the next decision on

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from broker.config import ConfigError
+from clients.regular_file import open_regular
 from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
 from vllm_integration.decisions_to_vllm.policy_calls import Translator
 from vllm_integration.decisions_to_vllm.settings import PREFIX, OffloadSettings, SettingsError, load_settings
@@ -70,9 +71,11 @@ Listener = Callable[[OffloadSettings, OffloadSettings], None]
 
 
 def read_file(path: str) -> bytes:
-    """The file's bytes; SettingsError naming the file when it cannot be read."""
+    """The file's bytes; SettingsError naming the file when it cannot be read or is no
+    regular file (a FIFO's open would wait for a writer forever: vLLM's start, or the
+    watcher, hung; read as the journal and trace readers read, clients.regular_file)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise SettingsError(f"settings file {path}: unreadable ({exc.strerror or exc})") from None

@@ -35,6 +35,26 @@ DEFAULT_WHATIF_SAMPLE: Final = 0.1
 OUTSTANDING: Final = 1024
 # The largest what-if size, as a multiple of the tier (a bound on a shadow's memory).
 MAX_WHATIF: Final = 64.0
+# The most what-if sizes, and the most chunks they may simulate together, as a multiple of
+# the tier (the sum of each size's multiple times the sampling rate): each size is a core of
+# its own fed every request, so their count costs vLLM's thread time and their chunks its
+# memory (docs/vllm.md, "Their memory": about 3 KB per chunk of a size).
+MAX_WHATIF_SIZES: Final = 8
+MAX_WHATIF_CHUNKS: Final = 64.0
+# A tenant's bytes of UTF-8, as a request's hint allows (vllm_integration/hints.py).
+MAX_TENANT_BYTES: Final = 256
+# The timers' ranges (inclusive), in their keys' units: each is waited on by a thread, so
+# it must be one Python can wait (a threading wait of 1e10 s raises OverflowError: the
+# watcher and the report thread died of it), and not so short that it spins (report_s
+# 1e-9 logged 74,053 lines in 2 s).
+TIMERS: Final = {
+    "journal_flush_ms": (1.0, 60_000.0, "ms"),
+    "journal_exit_s": (0.1, 3600.0, "s"),
+    "deadline_ms": (0.01, 60_000.0, "ms"),
+    "report_s": (0.1, 86_400.0, "s"),
+    "status_s": (0.01, 86_400.0, "s"),
+    "settings_poll_s": (0.01, 3600.0, "s"),
+}
 
 
 class SettingsError(ValueError):
@@ -148,9 +168,24 @@ class OffloadSettings:
 
 
 def _text(value: Any, where: str) -> str:
+    """A string that UTF-8 can encode (JSON's ``"\\ud800"`` is a lone surrogate it cannot:
+    every event naming it would raise)."""
     if not isinstance(value, str):
         raise SettingsError(f"{where}: expected a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SettingsError(f"{where}: not valid UTF-8 (a lone surrogate at character {exc.start})") from None
     return value
+
+
+def _tenant(value: Any, where: str) -> str:
+    """A tenant: valid UTF-8, at most MAX_TENANT_BYTES (every chunk's event carries it)."""
+    tenant = _text(value, where)
+    size = len(tenant.encode("utf-8"))
+    if size > MAX_TENANT_BYTES:
+        raise SettingsError(f"{where}: longer than {MAX_TENANT_BYTES} bytes of UTF-8 ({size})")
+    return tenant
 
 
 def _number(value: Any, where: str) -> float:
@@ -162,6 +197,19 @@ def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise SettingsError(f"{where}: expected a finite number > 0, got {value!r}")
     return float(value)
+
+
+def _timer(name: str) -> Callable[[Any, str], float]:
+    """The reader of the timer ``name``: a number within its range (TIMERS)."""
+    lo, hi, unit = TIMERS[name]
+
+    def read(value: Any, where: str) -> float:
+        number = _number(value, where)
+        if not lo <= number <= hi:
+            raise SettingsError(f"{where}: expected a number in {lo:g}..{hi:g} ({unit}), got {number:g}")
+        return number
+
+    return read
 
 
 def _mode(value: Any, where: str) -> str:
@@ -227,9 +275,12 @@ def _names(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _multiples(value: Any, where: str) -> tuple[float, ...]:
-    """What-if sizes: multiples of the tier, > 0."""
+    """What-if sizes: multiples of the tier, > 0, at most MAX_WHATIF_SIZES of them."""
     out: list[float] = []
-    for i, item in enumerate(_items(value, where, "multiples of the tier (e.g. 0.5,2,4)")):
+    items = _items(value, where, "multiples of the tier (e.g. 0.5,2,4)")
+    if len(items) > MAX_WHATIF_SIZES:
+        raise SettingsError(f"{where}: at most {MAX_WHATIF_SIZES} sizes (each a core fed every request), got {len(items)}")
+    for i, item in enumerate(items):
         multiple = _number(item, f"{where}[{i}]")
         if multiple > MAX_WHATIF:
             raise SettingsError(f"{where}[{i}]: at most {MAX_WHATIF:g} times the tier, got {multiple:g}")
@@ -273,25 +324,25 @@ READERS: Final[dict[str, Callable[[Any, str], Any]]] = {
     "policy_params": _params,
     "journal": _journal,
     "journal_stream": _non_empty,
-    "journal_flush_ms": _number,
-    "journal_exit_s": _number,
+    "journal_flush_ms": _timer("journal_flush_ms"),
+    "journal_exit_s": _timer("journal_exit_s"),
     "client_id": _non_empty,
-    "tenant": _text,
+    "tenant": _tenant,
     "broker": _text,
-    "deadline_ms": _number,
+    "deadline_ms": _timer("deadline_ms"),
     "fallback_policy": _text,
     "broker_tier": _text,
     "history_ghosts": _ghosts,
     "shadows": _names,
     "whatif": _multiples,
     "whatif_sample": _rate,
-    "report_s": _number,
+    "report_s": _timer("report_s"),
     "metrics_port": _port,
     "metrics_host": _non_empty,
     "status_file": _non_empty,
-    "status_s": _number,
+    "status_s": _timer("status_s"),
     "settings_file": _text,
-    "settings_poll_s": _number,
+    "settings_poll_s": _timer("settings_poll_s"),
 }
 
 
@@ -326,8 +377,17 @@ def load_settings(
         elif ENV_PREFIX + name.upper() in env:
             values[name] = read(env[ENV_PREFIX + name.upper()], ENV_PREFIX + name.upper())
     settings = OffloadSettings(**values, rank=rank)
+    # A module:Class policy is imported (its code run, inside vLLM) only when the start-up
+    # settings name it: a settings file, which anyone who can write its folder may change,
+    # names built-in policies or those, and any other is refused before an import.
+    startup = load_settings(extra, environ, rank=rank) if file_keys else settings
+    importable = {startup.policy, startup.fallback_policy, *startup.shadows}
+
+    def may_import(key: str, name: str) -> bool:
+        return PREFIX + key not in file_keys or name in importable
+
     try:
-        validate_policy(settings.core_config(1))
+        validate_policy(settings.core_config(1), may_import=may_import("policy", settings.policy))
     except ConfigError as exc:
         # validate_policy names broker config keys (policy.name / policy.params): say ours.
         message = str(exc)
@@ -335,14 +395,24 @@ def load_settings(
         raise SettingsError(f"{sources.where(key)}: {message.partition(': ')[2]}") from None
     if settings.fallback_policy:
         try:
-            validate_policy(settings.core_config(1, settings.fallback_policy))
+            validate_policy(
+                settings.core_config(1, settings.fallback_policy), may_import=may_import("fallback_policy", settings.fallback_policy)
+            )
         except ConfigError as exc:
             raise SettingsError(f"{sources.where('fallback_policy')}: {str(exc).partition(': ')[2]}") from None
     for i, name in enumerate(settings.shadows):
         try:
-            validate_policy(dataclasses.replace(settings, policy=name, policy_params={}).core_config(1))
+            validate_policy(
+                dataclasses.replace(settings, policy=name, policy_params={}).core_config(1), may_import=may_import("shadows", name)
+            )
         except ConfigError as exc:
             raise SettingsError(f"{sources.where('shadows')}[{i}]: {str(exc).partition(': ')[2]}") from None
+    simulated = sum(settings.whatif) * settings.whatif_sample
+    if simulated > MAX_WHATIF_CHUNKS:
+        raise SettingsError(
+            f"{sources.where('whatif')}: the sizes simulate {simulated:g} times the tier's chunks together "
+            f"(the sum of the sizes times kvbroker_whatif_sample {settings.whatif_sample:g}); at most {MAX_WHATIF_CHUNKS:g}"
+        )
     if settings.mode == "sidecar" and not settings.broker:
         raise SettingsError(f"{sources.where('broker')}: required in sidecar mode (the kvbroker serve address, HOST:PORT)")
     problem = security_problem(env) if settings.mode == "sidecar" else None

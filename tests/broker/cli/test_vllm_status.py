@@ -114,6 +114,28 @@ def test_a_folder_or_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     assert code == 2 and "a FIFO (named pipe), not a regular file" in err
 
 
+def test_control_characters_of_the_file_are_escaped_in_the_table(tmp_path: Path) -> None:
+    # A status file is written by another process (or anyone who can write its folder):
+    # its strings must not reach the terminal as escape sequences (clear the screen, set
+    # the title, hide text). Printable letters of any script stay as they are.
+    status = snapshot()
+    status["client_id"] = "vllm\x1b[2J\x1b]0;owned\x07"
+    status["policy"] = "lru\r\u202eétoile"
+    status["rows"][0]["role"] = "decider\x1b[8m"
+    status["rows"][0]["policy"] = "arc\x9b31m"
+    status["metrics_url"] = "http://x\x1b[1A"
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps(status))
+    code, out, err = run(str(path))
+    assert (code, err) == (0, "")
+    assert all(ch.isprintable() for ch in out.replace("\n", ""))
+    assert out.startswith("client vllm\\x1b[2J\\x1b]0;owned\\x07, pid 4242, policy lru\\r\\u202eétoile, ")
+    assert "decider\\x1b[8m" in out and "arc\\x9b31m" in out and "metrics: http://x\\x1b[1A" in out
+    # --json prints the file's object, escaped by JSON itself.
+    code, out, _ = run(str(path), "--json")
+    assert code == 0 and "\x1b" not in out and json.loads(out)["client_id"] == status["client_id"]
+
+
 def check_never_raises(data: bytes) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "s.json")

@@ -16,7 +16,7 @@ import grpc
 from broker.config import JournalConfig, parse_config
 from broker.journal import JournalSource
 from broker.replay.replay import replay_source
-from broker.service.server import start_broker
+from broker.service.server import start_broker, watch_config
 from clients.broker_client import BrokerClient
 from kvbroker.v1 import broker_service_pb2 as spb
 from kvbroker.v1 import broker_service_pb2_grpc as spb_grpc
@@ -239,3 +239,49 @@ async def test_ab_counts_each_policy_in_force_and_shows_no_twin_of_the_primary(t
     primary = stats.arms[0]
     assert accesses[2] > 0 and primary.accesses == accesses[2]  # lru's own, not the run's
     assert stats.arms[1].accesses == sum(accesses)  # a shadow ran its one policy all along
+
+
+# A policy parameter that passed validation and then raised building the policy (issue 41:
+# OverflowError, a 46-line traceback at start, UNKNOWN over the Reload RPC, and the config
+# file's watcher task died, so later good files were never applied).
+BAD_PARAM = config_text("lru_k", "[policy.params]\nretained_ratio = 1e308")
+
+
+def test_a_bad_policy_parameter_is_one_config_error_at_start(tmp_path: Path) -> None:
+    config = tmp_path / "broker.toml"
+    config.write_text(BAD_PARAM)
+    done = subprocess.run(
+        [str(KVBROKER), "serve", "--config", str(config), "--listen", "127.0.0.1:0", "--journal", "none"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "policy.params: policy lru_k: retained_ratio must be a number in [0, 1024], got 1e+308" in done.stderr
+
+
+async def test_a_bad_policy_parameter_is_refused_by_rpc_and_by_the_file_watcher_which_lives_on(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    rest = '[journal]\nurl = "none"\n[broker]\nlisten = "127.0.0.1:0"\n'
+    path.write_text(config_text("lru") + rest)
+    broker = await start_broker(parse_config(path.read_text()), str(path))
+    watcher = asyncio.get_running_loop().create_task(watch_config(broker.service, str(path), interval=0.02))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{broker.port}") as channel:
+            stub = spb_grpc.BrokerServiceStub(channel)
+            refused = await stub.Reload(spb.ReloadRequest(config_toml=BAD_PARAM + rest))
+            assert not refused.ok and refused.config_generation == 1
+            assert refused.error == "policy.params: policy lru_k: retained_ratio must be a number in [0, 1024], got 1e+308"
+        # Through the file: refused, the watcher lives, a good file written after applies.
+        path.write_text(BAD_PARAM + rest)
+        await asyncio.sleep(0.3)
+        assert broker.service.generation == 1 and not watcher.done()
+        path.write_text(config_text("arc") + rest)
+        deadline = time.monotonic() + 10
+        while broker.service.generation == 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert broker.service.generation == 2 and broker.service.policy_name == "arc" and not watcher.done()
+    finally:
+        watcher.cancel()
+        await broker.stop(grace=1)

@@ -13,6 +13,7 @@ test_vllm_manager.py (marker ``vllm``).
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import random
 from pathlib import Path
@@ -255,3 +256,18 @@ def test_the_counters_are_logged_every_minute(monkeypatch: pytest.MonkeyPatch, c
         t.insert(k(2), Chunk(0), Ctx("r"))
     (line,) = [r.getMessage() for r in caplog.records if "chunks held" in r.getMessage()]
     assert line.startswith("kvbroker: 2 chunks held, 0 evictions asked (0 refused)") and "journal none" in line
+
+
+@pytest.mark.parametrize("policy", ["lru", "history_arc", "s3fifo"])
+def test_calls_vllms_interface_allows_answer_as_vllms_lru(policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    # vLLM never makes these today, but its CachePolicy interface allows them (issue 41):
+    # its LRU answers evict(-1) with [] and takes a 0-byte key as any other.
+    t = translator(policy, 16)
+    ctx = Ctx("r")
+    keys = [b"", *(k(i) for i in range(1, 16))]
+    for key in keys:
+        t.insert(key, Chunk(0), ctx)
+    assert t.evict(-1, set()) == [] and t.evict(0, set()) == []
+    victims = t.evict(16, set())
+    assert victims is not None and sorted(key for key, _ in victims) == sorted(keys)
+    assert t.stats.errors == 0 and not [r for r in caplog.records if r.levelno >= logging.WARNING]

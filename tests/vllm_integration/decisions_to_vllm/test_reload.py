@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -146,7 +147,7 @@ def unreadable(engine: Engine) -> None:
 
 BAD: list[tuple[str, Callable[[Engine], None], str]] = [
     ("deleted", lambda e: e.path.unlink(), "unreadable (No such file or directory)"),
-    ("unreadable", unreadable, "unreadable (Is a directory)"),
+    ("unreadable", unreadable, "unreadable (a folder, not a regular file)"),
     ("not JSON", lambda e: e.write('{"kvbroker_policy": "arc"'), "not valid JSON"),
     ("not an object", lambda e: e.write('"arc"'), "expected a JSON object of kvbroker_* keys, got str"),
     ("unknown key", lambda e: e.write({"kvbroker_policy": "arc", "kvbroker_polcy": "s3fifo"}), "kvbroker_polcy: unknown key"),
@@ -330,3 +331,123 @@ def test_the_switches_are_journaled_where_they_happened_and_replay_verifies_ever
     lru_victims = stream(Engine(tmp_path / "alone").translator, 7, 4500)
     cut = len([d for d in sink if d.generation == 1])
     assert cut > 100 and lru_victims[:cut] == victims[:cut] and lru_victims[cut:] != victims[cut:]
+
+
+# ---- issue 41: a setting either applies or is refused in one line, at start and live -------
+
+# Values that passed validation and then raised in vLLM's calls (prepare_store / prepare_load),
+# for every new request until the file changed.
+RAISED_WHEN_APPLIED: list[tuple[str, str]] = [
+    ('{"kvbroker_tenant": "acme\\ud800"}', "kvbroker_tenant: not valid UTF-8 (a lone surrogate at character 4)"),
+    ('{"kvbroker_policy": "lru_k", "kvbroker_policy_params": {"retained_ratio": 1e308}}', "retained_ratio must be a number in [0, 1024]"),
+    (
+        '{"kvbroker_policy": "lru_k", "kvbroker_policy_params": {"retained_ratio": NaN}}',
+        "retained_ratio must be a number in [0, 1024], got nan",
+    ),
+    (
+        '{"kvbroker_policy": "lru_k", "kvbroker_policy_params": {"retained_ratio": Infinity}}',
+        "retained_ratio must be a number in [0, 1024], got inf",
+    ),
+    ('{"kvbroker_policy": "s3fifo", "kvbroker_policy_params": {"ghost_ratio": 1e308}}', "ghost_ratio must be a number in [0, 1024]"),
+    ('{"kvbroker_policy": "lru_k", "kvbroker_policy_params": {"k": 1000000000000000000000000000000}}', "k must be an integer in [1, 64]"),
+    # Timers past what a thread can wait, or so short they spin (issue 41 item 4).
+    ('{"kvbroker_settings_poll_s": 1e10}', "kvbroker_settings_poll_s: expected a number in 0.01..3600 (s), got 1e+10"),
+    ('{"kvbroker_deadline_ms": 1e13}', "kvbroker_deadline_ms: expected a number in 0.01..60000 (ms)"),
+    # What-if sizes: a bounded count, and a bounded sum of simulated chunks (item 5).
+    ('{"kvbroker_whatif": "' + ",".join(str(i + 1) for i in range(9)) + '"}', "kvbroker_whatif: at most 8 sizes"),
+    ('{"kvbroker_whatif": "64,32", "kvbroker_whatif_sample": 1}', "kvbroker_whatif: the sizes simulate 96 times the tier's chunks"),
+    # A tenant's length, as a hint's (item 6).
+    ('{"kvbroker_tenant": "' + "t" * 257 + '"}', "kvbroker_tenant: longer than 256 bytes of UTF-8 (257)"),
+]
+
+
+@pytest.mark.parametrize(("content", "reason"), RAISED_WHEN_APPLIED)
+def test_a_value_that_would_raise_when_applied_is_refused_at_start_and_live(
+    tmp_path: Path, content: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # At start: one SettingsError naming the file and the key, not a traceback later.
+    with pytest.raises(SettingsError) as caught:
+        Engine(tmp_path, content)
+    assert str(caught.value).startswith(f"settings file {tmp_path / 'kvbroker.json'}: ") and reason in str(caught.value)
+    assert "\n" not in str(caught.value)
+    # Live: one WARNING line, the settings in force keep running, every call goes on.
+    engine = Engine(tmp_path, {"kvbroker_policy": "lru"})
+    caplog.set_level(logging.WARNING, logger="vllm.kvbroker")
+    victims = stream(engine.translator, 3, 800, {400: lambda: engine.switch(content)})
+    (line,) = refusals(caplog)
+    assert reason in line and len(victims) > 100
+    assert engine.live.settings.policy == "lru" and engine.local.generation == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"kvbroker_report_s": 1e10}, "kv_connector_extra_config.kvbroker_report_s: expected a number in 0.1..86400 (s)"),
+        ({"kvbroker_report_s": 1e-9}, "kv_connector_extra_config.kvbroker_report_s: expected a number in 0.1..86400 (s), got 1e-09"),
+        ({"kvbroker_journal_flush_ms": 9e12}, "kv_connector_extra_config.kvbroker_journal_flush_ms: expected a number in 1..60000 (ms)"),
+        ({"kvbroker_journal_exit_s": 1e300}, "kv_connector_extra_config.kvbroker_journal_exit_s: expected a number in 0.1..3600 (s)"),
+        ({"kvbroker_status_s": 1e-9}, "kv_connector_extra_config.kvbroker_status_s: expected a number in 0.01..86400 (s)"),
+    ],
+)
+def test_every_timer_is_bounded_at_start(extra: dict[str, Any], reason: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        settings_at_start(extra, {})
+    assert str(caught.value).startswith(reason)
+
+
+def test_a_settings_file_that_is_a_fifo_is_refused_at_start_and_live_without_blocking(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fifo = tmp_path / "kvbroker.json"
+    os.mkfifo(fifo)
+    # At start: open() on a FIFO waited for a writer forever (vLLM's start hung).
+    with pytest.raises(SettingsError, match=r"kvbroker\.json: unreadable \(a FIFO \(named pipe\), not a regular file\)"):
+        Engine(tmp_path)
+    # Live: the watcher refuses it in one line and stays alive; a good file written after applies.
+    fifo.unlink()
+    engine = Engine(tmp_path, {"kvbroker_policy": "lru", "kvbroker_settings_poll_s": 0.02})
+    caplog.set_level(logging.WARNING, logger="vllm.kvbroker")
+    engine.live.start()
+    try:
+        engine.path.unlink()
+        os.mkfifo(engine.path)
+        deadline = time.monotonic() + 10
+        while not refusals(caplog) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (line,) = refusals(caplog)
+        assert "a FIFO (named pipe), not a regular file" in line
+        engine.path.unlink()
+        engine.write({"kvbroker_policy": "arc", "kvbroker_settings_poll_s": 0.02})
+        while not engine.translator.reload_due and time.monotonic() < deadline:
+            time.sleep(0.01)
+        engine.translator.evict(1, set())
+        assert engine.policy == "arc"
+        assert engine.live._thread is not None and engine.live._thread.is_alive()
+    finally:
+        engine.live.close()
+
+
+def test_a_module_policy_named_only_in_the_settings_file_is_refused_before_it_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A module whose import leaves a mark: the settings file must not run its code.
+    package = tmp_path / "pkg"
+    package.mkdir()
+    mark = tmp_path / "imported"
+    (package / "evil_policy_41.py").write_text(f"open({str(mark)!r}, 'w').close()\nfrom policies.lru import LRUPolicy as Evil\n")
+    monkeypatch.syspath_prepend(str(package))
+    for key in ("kvbroker_policy", "kvbroker_fallback_policy", "kvbroker_shadows"):
+        content = {key: "evil_policy_41:Evil"}
+        with pytest.raises(SettingsError, match="a module:Class policy is loaded only from the start-up configuration"):
+            Engine(tmp_path, content)
+        engine = Engine(tmp_path, {"kvbroker_policy": "lru"})
+        caplog.clear()
+        caplog.set_level(logging.WARNING, logger="vllm.kvbroker")
+        assert not engine.switch(content)
+        (line,) = refusals(caplog)
+        assert f"{key}" in line and "not a built-in policy" in line
+    assert not mark.exists()
+    # Named by the start-up settings (the operator's), it is imported and may be switched to.
+    engine = Engine(tmp_path, {"kvbroker_policy": "lru"}, shadows="evil_policy_41:Evil")
+    assert mark.exists()
+    assert engine.switch({"kvbroker_policy": "evil_policy_41:Evil"})
