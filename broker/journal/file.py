@@ -15,16 +15,20 @@ lands after torn bytes (the spool does the same: broker.journal.spool).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import fcntl
+import mmap
 import os
 import stat
+import zlib
 from collections.abc import Iterator
+from typing import Any
 
 from broker.journal.base import Journal
 from broker.journal.payloads import payload_problem
-from broker.journal.records import FRAME, MAGIC, JournalError, JournalRecord, encode, scan_frames
+from broker.journal.records import FRAME, MAGIC, MAX_RECORD, JournalError, JournalRecord, encode, scan_frames
 from broker.journal.stream import good_length, stream_records
 from clients.regular_file import not_regular, open_regular
 
@@ -161,21 +165,31 @@ class Repair:
         return sum(n for _, n in self.cuts)
 
 
-def _next_frame(data: bytes, pos: int) -> int:
-    """The first offset after ``pos`` where an intact frame starts, or len(data)."""
-    for start in range(pos + 1, len(data) - FRAME.size + 1):
-        try:
-            if scan_frames(data, start, "", limit=1)[0]:
-                return start
-        except JournalError:
-            continue
-    return len(data)
+def _next_frame(data: Any, pos: int) -> int:
+    """The first offset after ``pos`` where an intact frame starts, or len(data). A
+    candidate's checksum is taken over a view of the file, not a copy: a torn stretch's
+    bytes read as lengths of up to MAX_RECORD would otherwise copy that much per offset."""
+    view = memoryview(data)
+    try:
+        for start in range(pos + 1, len(data) - FRAME.size + 1):
+            length, crc = FRAME.unpack_from(data, start)
+            body = start + FRAME.size
+            if length > MAX_RECORD or body + length > len(data) or zlib.crc32(view[body : body + length]) != crc:
+                continue
+            try:
+                if scan_frames(data, start, "", limit=1)[0]:
+                    return start
+            except JournalError:
+                continue
+        return len(data)
+    finally:
+        view.release()
 
 
-def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], int, tuple[int, str] | None]:
-    """Intact frames from ``pos`` (each with its bytes), to the first damaged one; and, when
-    that one is a sound frame whose payload is bad, its end and why."""
-    out: list[tuple[JournalRecord, bytes]] = []
+def _frames(data: Any, pos: int, room: _Kept) -> tuple[int, tuple[int, str] | None]:
+    """Intact frames from ``pos`` to the first damaged one, each given to ``room`` as its
+    (start, end) offsets; the offset reached and, when the damaged one is a sound frame
+    whose payload is bad, its end and why."""
     while pos < len(data):
         try:
             got, end = scan_frames(data, pos, "", limit=1)
@@ -185,10 +199,85 @@ def _frames(data: bytes, pos: int) -> tuple[list[tuple[JournalRecord, bytes]], i
             break
         problem = payload_problem(got[0])
         if problem is not None:
-            return out, pos, (end, problem)
-        out.append((got[0], data[pos:end]))
+            return pos, (end, problem)
+        room.add(pos, end)
         pos = end
-    return out, pos, None
+    return pos, None
+
+
+# A group retried after a tear repeats at most this many records (a write group is at most
+# FileJournal's max_group, 512): the records kept before a tear that a repeat is looked for in.
+RETRY_WINDOW = 4096
+# Pages of the file already read are let go every this many bytes (the file is mapped, not
+# read into memory: repair --check of a 2 GiB journal held it whole, twice, at 6 GiB RSS).
+RELEASE_BYTES = 64 << 20
+
+
+class _Kept:
+    """The records a repair keeps, as runs of offsets into the mapped file (no record's bytes
+    are held), and the last RETRY_WINDOW of them, for the repeat after a tear."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.runs: list[list[int]] = []
+        self.count = 0
+        self.recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=RETRY_WINDOW)
+        self.pending: list[tuple[int, int]] = []  # frames right after a tear, not yet checked
+        self.after_tear = False
+        self.repeated = 0
+        self.released = 0
+
+    def add(self, start: int, end: int) -> None:
+        if self.after_tear and len(self.pending) < RETRY_WINDOW:
+            self.pending.append((start, end))  # may be the retried group: decided at settle()
+            return
+        self.settle()
+        self._keep(start, end)
+
+    def settle(self) -> None:
+        """Frames after a tear that repeat, byte for byte, the ones right before it are the
+        retried group: kept once."""
+        if not self.after_tear:
+            return
+        self.after_tear = False
+        frames, self.pending = self.pending, []
+        last = list(self.recent)[-len(frames) :] if frames else []
+        view = memoryview(self.data)  # compared in place: no record's bytes copied
+        try:
+            same = next(
+                (
+                    n
+                    for n in range(min(len(last), len(frames)), 0, -1)
+                    if all(view[a:b] == view[c:d] for (a, b), (c, d) in zip(last[-n:], frames[:n], strict=True))
+                ),
+                0,
+            )
+        finally:
+            view.release()
+        self.repeated += same
+        for start, end in frames[same:]:
+            self._keep(start, end)
+
+    def _keep(self, start: int, end: int) -> None:
+        if self.runs and self.runs[-1][1] == start:
+            self.runs[-1][1] = end
+        else:
+            self.runs.append([start, end])
+        self.count += 1
+        self.recent.append((start, end))
+        if end - self.released >= RELEASE_BYTES:
+            _release(self.data, self.released, end)
+            self.released = end
+
+
+def _release(data: Any, start: int, end: int) -> None:
+    """Let the kernel drop the mapped pages of [start, end) (clean file pages: read again
+    from the file if needed); page-aligned inward."""
+    page = mmap.PAGESIZE
+    first = -(-start // page) * page
+    last = end // page * page
+    if last > first and hasattr(data, "madvise"):
+        data.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def repair_file_journal(path: str, *, write: bool) -> Repair:
@@ -201,47 +290,56 @@ def repair_file_journal(path: str, *, write: bool) -> Repair:
     they are kept once. A record whose checksum is right but whose payload is not what its
     kind says (broker.journal.payloads) is cut whole, and the records after it are kept.
     With ``write`` the file is replaced (a new file renamed over it,
-    so a crash leaves the old or the new, never half of each)."""
+    so a crash leaves the old or the new, never half of each).
+
+    The file is mapped and read in order, its pages let go behind the scan: memory stays
+    bounded whatever the journal's size (offsets of the kept runs, one per tear)."""
     with open_regular(path) as f:
-        data = f.read()
-    if not data:
-        raise JournalError(f"{path} is empty (0 bytes): no records; nothing to repair")
-    if not data.startswith(MAGIC):
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise JournalError(f"{path} is empty (0 bytes): no records; nothing to repair")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _repair(path, data, write)
+
+
+def _repair(path: str, data: Any, write: bool) -> Repair:
+    if data[: len(MAGIC)] != MAGIC:
         raise JournalError(f"{path}: not a kvbroker journal (bad magic); nothing to repair")
-    kept: list[tuple[JournalRecord, bytes]] = []
+    room = _Kept(data)
     cuts: list[tuple[int, int]] = []
     bad: list[tuple[int, str]] = []
-    repeated = 0
     pos = len(MAGIC)
-    after_tear = False
     while True:
-        frames, pos, bad_frame = _frames(data, pos)
-        if after_tear and frames:
-            # The longest run of records before the tear that the records after it repeat.
-            last = [b for _, b in kept[-len(frames) :]]
-            same = next((n for n in range(min(len(last), len(frames)), 0, -1) if last[-n:] == [b for _, b in frames[:n]]), 0)
-            repeated += same
-            frames = frames[same:]
-        kept.extend(frames)
+        pos, bad_frame = _frames(data, pos, room)
+        room.settle()
         if bad_frame is not None:
             end, why = bad_frame
             cuts.append((pos, end - pos))
             bad.append((pos, why))
-            pos, after_tear = end, False
+            pos = end
             continue
         if pos >= len(data):
             break
         resume = _next_frame(data, pos)
         cuts.append((pos, resume - pos))
-        pos, after_tear = resume, True
+        pos, room.after_tear = resume, True
     if write and cuts:
         tmp = path + ".repair"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + b"".join(b for _, b in kept))
-            f.flush()
-            os.fsync(f.fileno())
+        view = memoryview(data)  # written from the mapping, not copied
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC)
+                for start, end in room.runs:
+                    for at in range(start, end, RELEASE_BYTES):
+                        stop = min(end, at + RELEASE_BYTES)
+                        f.write(view[at:stop])
+                        _release(data, at, stop)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            view.release()
         os.replace(tmp, path)
-    return Repair(len(kept), repeated, tuple(cuts), tuple(bad))
+    return Repair(room.count, room.repeated, tuple(cuts), tuple(bad))
 
 
 class FileJournal(Journal):
