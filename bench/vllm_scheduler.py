@@ -1,7 +1,7 @@
 """The engine as it runs (issue 39): vLLM's own scheduler, GPU prefix cache and CPU tier on a
 Mooncake trace, per CPU-tier policy: TTFT, throughput, where prompt tokens came from.
 
-Needs vLLM (``pip install 'kvbroker[vllm]'``)::
+Needs vLLM (the [vllm] extra, in a venv of its own: ``python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -e '.[vllm]'``)::
 
     python bench/vllm_scheduler.py                                  # the whole synthetic trace
     python bench/vllm_scheduler.py --requests 300 --gpu-blocks 4096 --cpu-gib 24

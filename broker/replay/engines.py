@@ -30,7 +30,9 @@ def missing(name: str) -> str | None:
     """Why engine ``name`` cannot run here (None if it can)."""
     package = REQUIRES.get(name)
     if package is not None and importlib.util.find_spec(package) is None:
-        return f"{name} runs vLLM's own scheduler: it needs {package} installed (pip install 'kvbroker[vllm]')"
+        from broker.extras import install_hint
+
+        return f"{name} runs vLLM's own scheduler: it needs {package} installed ({install_hint('vllm')})"
     return None
 
 
