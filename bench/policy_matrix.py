@@ -185,7 +185,7 @@ def timed_requests_of(path: str) -> list[tuple[int, list[int]]]:
 def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
     """vLLM's manager: the real one where vLLM imports (kvbroker's adapter reading the
     trace's time, as replay does); else the emulated one of ``kvbroker replay --engine
-    vllm`` (broker/replay/engine_vllm.py, held within 3% of the real one by the vllm-marked
+    vllm`` (vllm_integration/manager_replay/engine.py, held within 3% of the real one by the vllm-marked
     tests), where vLLM's lru is kvbroker's lru (identical, store for store) and vLLM's arc
     is left out."""
     timed = timed_requests_of(task.path)
@@ -211,7 +211,7 @@ def _vllm(task: Task) -> Iterable[tuple[str, str, int, int, float]]:
                 hits, asked = mooncake_at_trace_time(kvbroker_manager(policy, task.chunks), timed)
             yield source, policy, hits, asked, time.perf_counter() - started
         return
-    from broker.replay.engine_vllm import replay_requests
+    from vllm_integration.manager_replay.engine import replay_requests
 
     for name in task.policies:
         source, _, policy = name.partition(":")

@@ -21,7 +21,7 @@ the hits, store the misses (the manager evicts through the policy), finish the r
 chunks asked. Sizes are chunk counts (default 1,953 / 5,859 / 19,531: 1M, 3M and 10M
 tokens) or, below 1, fractions of the trace's distinct chunks. kvbroker's adapter reads the
 trace's time (each request at its arrival), as replay does; the prediction beside each
-figure is ``broker.replay.engine_vllm.replay_requests``, what ``kvbroker replay --engine
+figure is ``vllm_integration.manager_replay.engine.replay_requests``, what ``kvbroker replay --engine
 vllm`` reports.
 
 Cost: every policy call the manager makes is timed on the calling thread's CPU clock
@@ -50,7 +50,6 @@ sys.path.insert(0, str(ROOT))
 
 from broker.config.settings import DEFAULT_POLICY  # noqa: E402
 from broker.replay.belady_prefix import belady_prefix_hits  # noqa: E402
-from broker.replay.engine_vllm import replay_requests  # noqa: E402
 from tests.vllm_integration.decisions_to_vllm.manager_driver import (  # noqa: E402
     MOONCAKE,
     TimedPolicy,
@@ -59,6 +58,7 @@ from tests.vllm_integration.decisions_to_vllm.manager_driver import (  # noqa: E
     mooncake_at_trace_time,
     vllm_manager,
 )
+from vllm_integration.manager_replay.engine import replay_requests  # noqa: E402
 
 KVBROKER_POLICIES = f"{DEFAULT_POLICY},lru,arc,prefix_aware,adaptive,s3fifo,heavy_hitter,sieve"
 

@@ -183,14 +183,25 @@ def test_the_capture_importer_imports_the_trace_base_not_the_server() -> None:
 
 
 def test_only_the_doors_of_the_broker_import_the_vllm_integration() -> None:
-    # The command line (the vllm-bridge verb), the trace registry (vllm-events captures),
-    # replay --engine vllm (the CachePolicy's own translation) and the old module path vLLM
-    # configs name; the rest of broker/ knows nothing of vLLM.
-    doors = ("broker.cli.main", "broker.replay.traces", "broker.replay.engine_vllm", "broker.offload.vllm_policy")
+    # The command line (the vllm-bridge verb) and the old module path vLLM configs name; the
+    # rest of broker/ knows nothing of vLLM: the model, the journal and replay (its engines
+    # and the vllm-events trace format reach vllm_integration/ only by the dotted paths
+    # broker/replay/engines.py registers).
+    doors = ("broker.cli.main", "broker.offload.vllm_policy")
     graph = import_graph()
     found = offenders(graph, ("broker",), ("vllm_integration",))
     assert sorted({name for name, _ in found}) == sorted(doors)
     assert [dep for name, dep in found if name == "broker.offload.vllm_policy"] == ["vllm_integration.decisions_to_vllm.cache_policy"]
+    assert offenders(graph, ("broker.model", "broker.journal", "broker.replay"), ("vllm_integration",)) == []
+
+
+def test_both_vllm_replay_engines_live_in_the_vllm_integration_and_resolve() -> None:
+    from broker.replay import engines
+
+    for target in (*engines.ENGINES.values(), engines.VLLM_CPU_TIER_CHECK, engines.VLLM_CAPTURE_READER):
+        assert target.startswith("vllm_integration."), target
+    assert callable(engines.load("vllm")) and callable(engines.by_path(engines.VLLM_CAPTURE_READER))
+    assert not (ROOT / "broker" / "replay" / "engine_vllm.py").exists()
 
 
 def test_the_broker_reaches_the_scheduler_harness_only_by_its_registered_name() -> None:

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 ENGINES: Final[dict[str, str]] = {
     # vLLM's CPU offload manager alone, one request after another (its CachePolicy's calls).
-    "vllm": "broker.replay.engine_vllm:replay_engine",
+    "vllm": "vllm_integration.manager_replay.engine:replay_engine",
     # vLLM's own scheduler, GPU prefix cache and CPU tier, requests in flight together (issue 39).
     "vllm-scheduler": "vllm_integration.scheduler_harness.replay_engine:replay_engine",
 }
@@ -38,6 +38,19 @@ def missing(name: str) -> str | None:
 
 def load(name: str) -> Callable[..., Any]:
     """The replay function of engine ``name`` (KeyError if there is none)."""
-    module, _, function = ENGINES[name].partition(":")
+    return by_path(ENGINES[name])
+
+
+def by_path(target: str) -> Callable[..., Any]:
+    """The function a ``module:function`` path names, imported now: how broker/ reaches the
+    vLLM integration's rooms without importing them (tests/test_layout.py)."""
+    module, _, function = target.partition(":")
     found: Callable[..., Any] = getattr(importlib.import_module(module), function)
     return found
+
+
+# Whether a journal's config is the one kvbroker's CachePolicy runs inside vLLM (its one CPU
+# tier of one-byte chunks): replay then shows that tier in vLLM's chunks.
+VLLM_CPU_TIER_CHECK: Final = "vllm_integration.manager_replay.engine:is_vllm_cpu_tier"
+# The reader of captures written by `kvbroker vllm-bridge --capture` (--format vllm-events).
+VLLM_CAPTURE_READER: Final = "vllm_integration.trace_import:capture_format"

@@ -177,9 +177,9 @@ def chunk_capacities(job: Job) -> dict[str, int] | None:
     if job.source.engine:
         chunk_bytes = ENGINE_CHUNK_TOKENS * job.source.options.bytes_per_token
         return {t.name: t.capacity_bytes // chunk_bytes for t in job.config.tiers}
-    from broker.replay.engine_vllm import is_vllm_cpu_tier  # the door to vllm_integration
+    from broker.replay.engines import VLLM_CPU_TIER_CHECK, by_path
 
-    if job.source.journal is not None and is_vllm_cpu_tier(job.config):
+    if job.source.journal is not None and by_path(VLLM_CPU_TIER_CHECK)(job.config):
         return {t.name: t.capacity_bytes for t in job.config.tiers}
     return None
 

@@ -4,7 +4,7 @@ with evictions through the CachePolicy, finishes. It drives kvbroker's adapter
 (vllm_integration.decisions_to_vllm.policy_calls.Translator) with the calls the real manager makes, in the same
 order, with the same chunk bookkeeping.
 
-Two rooms use it: ``kvbroker replay --engine vllm`` (broker/replay/engine_vllm.py: what a
+Two rooms use it: ``kvbroker replay --engine vllm`` (vllm_integration/manager_replay/engine.py: what a
 policy realizes inside vLLM, predicted from a trace) and the shadows inside vLLM
 (vllm_integration/decisions_to_vllm/shadows.py: what another policy, or another size, would have hit). The
 vllm-marked tests hold its figures equal to the real manager's

@@ -38,11 +38,12 @@ def count_events(path: str, fmt: str, opts: TraceOptions) -> int | None:
 
 
 def _vllm_capture(path: str, opts: TraceOptions, skips: SkipCounter) -> Iterator[pb.IntentBatch]:
-    # Imported here: the importer lives with the rest of the vLLM integration and imports
-    # this package's base and options, so a module-level import would be a loop at runtime.
-    from vllm_integration.trace_import import capture_format
+    # By its registered path: the importer lives with the rest of the vLLM integration and
+    # imports this package's base and options (broker/ imports nothing of vllm_integration/).
+    from broker.replay.engines import VLLM_CAPTURE_READER, by_path
 
-    return capture_format(path, opts, skips)
+    batches: Iterator[pb.IntentBatch] = by_path(VLLM_CAPTURE_READER)(path, opts, skips)
+    return batches
 
 
 FORMATS: dict[str, Callable[[str, TraceOptions, SkipCounter], Iterator[pb.IntentBatch]]] = {

@@ -136,7 +136,7 @@ def test_returning_chat_comes_back_beyond_lrus_reach_and_the_default_finds_it() 
     finds well over one and a half times as much (the issue-30 bar against vLLM's best
     built-in on a real multi-turn trace)."""
     from broker.config.settings import DEFAULT_POLICY
-    from broker.replay.engine_vllm import replay_requests
+    from vllm_integration.manager_replay.engine import replay_requests
 
     requests = list(gen.returning_chat(1))
     assert requests == list(gen.returning_chat(1)) != list(gen.returning_chat(2))

@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 
 from broker.config.settings import DEFAULT_POLICY
-from broker.replay.engine_vllm import replay_requests
 from tests.vllm_integration.decisions_to_vllm.test_replay_predicts_vllm import in_vllm, trace
 from vllm_integration.decisions_to_vllm.settings import OffloadSettings
+from vllm_integration.manager_replay.engine import replay_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 

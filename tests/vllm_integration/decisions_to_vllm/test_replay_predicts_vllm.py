@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.replay.engine_vllm import replay_requests
 from policies import registry
+from vllm_integration.manager_replay.engine import replay_requests
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 

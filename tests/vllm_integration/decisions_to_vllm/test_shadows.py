@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from broker.replay.engine_vllm import _Request, chunk_key
 from vllm_integration.decisions_to_vllm.embedded import EmbeddedCore
 from vllm_integration.decisions_to_vllm.manager_model import EmulatedManager
 from vllm_integration.decisions_to_vllm.policy_calls import RequestIntent, Translator
 from vllm_integration.decisions_to_vllm.settings import OffloadSettings, SettingsError, load_settings
 from vllm_integration.decisions_to_vllm.shadows import SAMPLE_SPACE, ShadowSet, key_hash, sampled
+from vllm_integration.manager_replay.engine import _Request, chunk_key
 
 
 def test_shadow_settings_are_read_and_checked() -> None:
