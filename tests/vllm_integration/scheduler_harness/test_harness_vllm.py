@@ -16,17 +16,22 @@ import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402
-
-from tests.vllm_integration.decisions_to_vllm.manager_driver import MOONCAKE  # noqa: E402
-from vllm_integration.scheduler_harness import engine  # noqa: E402
 from vllm_integration.scheduler_harness.figures import summarize  # noqa: E402
 from vllm_integration.scheduler_harness.settings import HarnessSettings  # noqa: E402
 from vllm_integration.scheduler_harness.trace import TraceRequest, mooncake  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
+MOONCAKE = ROOT / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
+
+
+def harness() -> Any:
+    """The harness's engine, imported when a test runs: it imports vLLM, which only the
+    vLLM venv has (the main suite collects this module and deselects its tests)."""
+    from vllm_integration.scheduler_harness import engine
+
+    return engine
+
+
 # A small engine, so that the GPU cache fills and the CPU tier evicts within 300 requests.
 SMALL = HarnessSettings(gpu_blocks=4096, cpu_bytes=24 << 30, time_scale=2.0)
 
@@ -39,22 +44,26 @@ def trace() -> list[TraceRequest]:
 @pytest.fixture(scope="module")
 def runs(trace: list[TraceRequest]) -> dict[str, Any]:
     policies = ("vllm:lru", "kvbroker:lru", "kvbroker:history_arc")
-    found = {p: engine.run(dataclasses.replace(SMALL, policy=p), trace) for p in policies}
-    found["none"] = engine.run(dataclasses.replace(SMALL, cpu_bytes=0), trace)
+    found = {p: harness().run(dataclasses.replace(SMALL, policy=p), trace) for p in policies}
+    found["none"] = harness().run(dataclasses.replace(SMALL, cpu_bytes=0), trace)
     return found
 
 
 def test_the_harness_is_vllms_scheduler_gpu_cache_and_cpu_tier() -> None:
-    scheduler = engine.build_scheduler(SMALL)
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    scheduler = harness().build_scheduler(SMALL)
     assert type(scheduler) is Scheduler
     assert type(scheduler.kv_cache_manager) is KVCacheManager
     assert scheduler.kv_cache_manager.enable_caching
-    manager = engine.offload_manager(scheduler)
+    manager = harness().offload_manager(scheduler)
     assert type(manager) is CPUOffloadingManager
     # vLLM's CPUOffloadingSpec counts the chunks from the bytes: 24 GiB of 512-token chunks
     # at 128 KiB a token.
     assert manager._num_chunks == SMALL.cpu_chunks == 384
-    assert engine.offload_manager(engine.build_scheduler(dataclasses.replace(SMALL, cpu_bytes=0))) is None
+    assert harness().offload_manager(harness().build_scheduler(dataclasses.replace(SMALL, cpu_bytes=0))) is None
 
 
 def test_both_tiers_serve_and_the_cpu_tier_evicts(runs: dict[str, Any]) -> None:
@@ -84,7 +93,7 @@ def test_prompt_tokens_add_up_per_request(runs: dict[str, Any], trace: list[Trac
 
 def test_the_same_inputs_give_the_same_figures(runs: dict[str, Any], trace: list[TraceRequest]) -> None:
     settings = dataclasses.replace(SMALL, policy="kvbroker:history_arc")
-    again = engine.run(settings, trace)
+    again = harness().run(settings, trace)
     first = runs["kvbroker:history_arc"]
     assert again.requests == first.requests
     assert again.evicted == first.evicted
@@ -115,7 +124,8 @@ def test_replay_engine_vllm_scheduler_on_the_command_line(tmp_path: Path, trace:
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=True,
     )  # fmt: skip
     record = json.loads(out.stdout)[0]
-    direct = engine.run(HarnessSettings(cpu_bytes=131072 * HarnessSettings().cost.kv_bytes_per_token, policy="kvbroker:lru"), trace[:120])
+    cpu_bytes = 131072 * HarnessSettings().cost.kv_bytes_per_token
+    direct = harness().run(HarnessSettings(cpu_bytes=cpu_bytes, policy="kvbroker:lru"), trace[:120])
     f = summarize("lru", direct)
     assert record["engine"] == "vllm-scheduler"
     assert (record["prompt_blocks"], record["prefix_hits"]) == (f.prompt_tokens, f.cpu_hit_tokens)
