@@ -4,13 +4,13 @@ collector on a loopback port, JSON log lines."""
 from __future__ import annotations
 
 import asyncio
-import time
 import dataclasses
 import io
 import json
 import logging
 import socket
 import sys
+import time
 import tomllib
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
