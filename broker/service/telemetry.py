@@ -193,12 +193,22 @@ class CounterFold:
             names = tuple(t.name for t in core.tiers)
             old = self.arms.get(key)
             kept = keep_baseline and old is not None and old.stats is core.stats
-            baseline = old.baseline if kept and old is not None else _snapshot(core.stats, names)
+            current = _snapshot(core.stats, names)
+            if kept and old is not None:
+                baseline = old.baseline
+            elif old is None and role == "shadow" and self.arms:
+                # A shadow a reload added: its counters start at its creation (fresh stats),
+                # and it joins once its copy, taken off the event loop, has caught up with the
+                # batches served meanwhile (broker.service.shadow_builds): what it counted
+                # catching up is its own, as GetStats reports it.
+                baseline = {}
+            else:
+                baseline = current
             arm = _Arm(role, core.stats, str(core.policy_name), int(core.generation), names, baseline)
             arms[key] = arm
             # Every series of new labels exists from the start, at 0, so rate() and
             # increase() see the first event (Prometheus practice: initialize label sets).
-            for family_key in baseline:
+            for family_key in current:
                 if role in DRIVING_ROLES or family_key[0] not in PRIMARY_ONLY:
                     self.totals.setdefault((role, arm.policy, family_key), 0)
         self.arms = arms

@@ -214,3 +214,27 @@ def test_the_copying_child_holds_none_of_the_parents_files(tmp_path: Path) -> No
         assert copied.error is None and copied.result == b"closed"
     finally:
         os.close(held)
+
+
+async def test_the_copy_off_the_loop_works_in_a_broker_serving_grpc() -> None:
+    """The fork of a broker whose gRPC server and a client run in the process: gRPC's fork
+    handlers crashed the child (SIGSEGV / SIGABRT), and the copy fell back to the loop."""
+    from clients.broker_client import BrokerClient
+    from tests.broker.service.test_reload import config_text, start_broker
+
+    assert os.environ.get("GRPC_ENABLE_FORK_SUPPORT") == "false"  # set by broker.service, before gRPC started
+    rest = '[journal]\nurl = "none"\n[broker]\nlisten = "127.0.0.1:0"\n'
+    broker = await start_broker(parse_config(config_text("lru") + rest))
+    try:
+        async with BrokerClient(f"127.0.0.1:{broker.port}", "engine", max_batch_events=8) as client:
+            for i in range(300):
+                await client.allocate(f"b{i}", 100, ts_us=i)
+            await client.flush()
+            assert broker.service.reload(config_text("lru", 'shadows = ["arc"]') + rest).ok
+            build = broker.service.shadow_builds["arc"]
+            await client.allocate("after", 100, ts_us=1000)
+            await client.flush()
+            assert await asyncio.to_thread(build.copy.wait, 60)
+            assert build.copy.error is None and build.copy.result is not None
+    finally:
+        await broker.stop(grace=1)
