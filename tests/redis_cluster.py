@@ -21,10 +21,17 @@ NODE_TIMEOUT_MS = 1000
 
 class RedisCluster:
     def __init__(self, nodes: int = 6) -> None:
-        self.ports = [free_port() for _ in range(nodes)]
+        # Twelve distinct ports: free_port() can give a port it gave before (the socket that
+        # found it is closed), and a node on a taken port exits at once (seen in CI).
+        ports: list[int] = []
+        while len(ports) < 2 * nodes:
+            port = free_port()
+            if port not in ports:
+                ports.append(port)
+        self.ports = ports[:nodes]
         # The cluster bus of each node on a free port of its own (by default port + 10000,
         # which may be taken, or past 65535).
-        self.bus_ports = {port: free_port() for port in self.ports}
+        self.bus_ports = dict(zip(self.ports, ports[nodes:], strict=True))
         self.root = Path(tempfile.mkdtemp(prefix="kvbroker-cluster-"))
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
 
