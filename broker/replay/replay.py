@@ -44,6 +44,20 @@ class ReplayResult:
     mismatches: int | None = None
     first_mismatch: str = ""
 
+    @classmethod
+    def of_engine(cls, core: Any, seconds: float, metrics: dict[str, Any]) -> ReplayResult:
+        """What a replay engine (``--engine``: broker/replay/engines.py) ran, from the core
+        its policy decided in: the counts are the core's, the figures the engine's."""
+        stats = core.stats
+        return cls(
+            policy=core.policy_name,
+            batches=stats.batches,
+            events=sum(stats.events.values()),
+            directives=sum(stats.directives.values()),
+            seconds=seconds,
+            metrics=metrics,
+        )
+
     def as_record(self) -> dict[str, Any]:
         """Flat JSON record with stable names (a contract for scripts and dashboards)."""
         m = self.metrics

@@ -148,15 +148,4 @@ def replay_engine(source: Any, config: CoreConfig, policy: str, params: dict[str
     metrics["prefix_hits"] = result.hits
     metrics["prefix_hit_rate"] = result.hit_ratio
     metrics["evictions"] = result.evictions
-    stats = core.stats
-    return (
-        ReplayResult(
-            policy=core.policy_name,
-            batches=stats.batches,
-            events=sum(stats.events.values()),
-            directives=sum(stats.directives.values()),
-            seconds=result.seconds,
-            metrics=metrics,
-        ),
-        skips.skipped,
-    )
+    return ReplayResult.of_engine(core, result.seconds, metrics), skips.skipped

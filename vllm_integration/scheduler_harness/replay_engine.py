@@ -52,13 +52,4 @@ def replay_engine(source: Any, config: CoreConfig, policy: str, params: dict[str
         "refused_requests": f.refused,
         "cpu_chunks": f.cpu_chunks,
     }
-    stats = core.stats
-    replayed = ReplayResult(
-        policy=core.policy_name,
-        batches=stats.batches,
-        events=sum(stats.events.values()),
-        directives=sum(stats.directives.values()),
-        seconds=result.wall_s,
-        metrics=metrics,
-    )
-    return replayed, skips.skipped
+    return ReplayResult.of_engine(core, result.wall_s, metrics), skips.skipped
