@@ -1,7 +1,5 @@
 """The kvbroker command."""
 
-import os
-
-# Before anything imports gRPC: `serve` forks off the event loop (broker.service.__init__
-# says why gRPC's fork handlers are turned off).
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Before anything imports gRPC: broker.service turns gRPC's fork handlers off (`serve` forks
+# off the event loop; its __init__ says why), one setting for the command and the library.
+import broker.service  # noqa: F401
